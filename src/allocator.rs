@@ -1,0 +1,331 @@
+//! [`MklAllocator`]: `GlobalAlloc` and allocator-api2's `Allocator` on
+//! `MKL_malloc` / `MKL_calloc` / `MKL_realloc` / `MKL_free`.
+//!
+//! Every method is a thin wrapper: compute MKL's alignment, call MKL, return.
+//! The rules live in the `raw_*` functions below, which `SharedMklVec` uses too.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ffi::{c_int, c_void};
+use core::ptr::{self, NonNull};
+
+use allocator_api2::alloc::{AllocError, Allocator};
+
+use crate::ffi;
+
+/// Every block [`MklAllocator`] hands out is aligned to at least this many
+/// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
+pub const MIN_ALIGN: usize = 64;
+
+/// The largest alignment MKL can honour: its `align` parameter is a C `int`,
+/// so 2^30 is the largest power of two it can express. Larger alignments are
+/// refused (null / `AllocError`), never served misaligned.
+pub const MAX_ALIGN: usize = 1 << 30;
+
+/// The alignment MKL is asked for: `max(MIN_ALIGN, align)`, or `None` where
+/// MKL cannot express it. `align` is a power of two (a `Layout`'s).
+#[inline(always)]
+pub(crate) fn mkl_align(align: usize) -> Option<c_int> {
+    let align = if align > MIN_ALIGN { align } else { MIN_ALIGN };
+    if align <= MAX_ALIGN {
+        Some(align as c_int)
+    } else {
+        None
+    }
+}
+
+/// `MKL_malloc(size, max(64, align))`; null if MKL fails or cannot express `align`.
+///
+/// # Safety
+/// `size > 0`, `align` a power of two.
+#[inline(always)]
+pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
+    match mkl_align(align) {
+        // SAFETY: MKL_malloc takes any size and a positive power-of-two
+        // alignment (mkl_align's result); it returns null on failure.
+        Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
+        None => ptr::null_mut(),
+    }
+}
+
+/// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure.
+///
+/// # Safety
+/// As [`raw_alloc`].
+#[inline(always)]
+pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
+    match mkl_align(align) {
+        // SAFETY: as in raw_alloc; num = 1 so the product cannot overflow.
+        Some(a) => unsafe { ffi::MKL_calloc(1, size, a).cast() },
+        None => ptr::null_mut(),
+    }
+}
+
+/// `MKL_free(ptr)`.
+///
+/// # Safety
+/// `ptr` came from `raw_alloc*`/`raw_realloc` and is not used again.
+#[inline(always)]
+pub(crate) unsafe fn raw_free(ptr: *mut u8) {
+    // SAFETY: the caller passes a live MKL block, freed exactly once.
+    unsafe { ffi::MKL_free(ptr.cast()) }
+}
+
+/// `MKL_realloc(ptr, new_size)`, keeping the block aligned to `max(64, align)`.
+/// On failure returns null and the old block is untouched (MKL's contract).
+///
+/// MKL keeps a block's alignment across `MKL_realloc` (measured for every
+/// power of two 1 .. 2^24); should it ever not, the contents are moved into a
+/// correctly aligned block.
+///
+/// # Safety
+/// `ptr` is a live MKL block of `old_size` bytes allocated with an alignment
+/// of at least `align`; `new_size > 0`.
+#[inline(always)]
+pub(crate) unsafe fn raw_realloc(
+    ptr: *mut u8,
+    old_size: usize,
+    new_size: usize,
+    align: usize,
+) -> *mut u8 {
+    // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
+    // null and leaves it intact, or frees it and returns the new block.
+    let new: *mut u8 = unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() };
+    let mask = if align > MIN_ALIGN { align } else { MIN_ALIGN } - 1;
+    if new as usize & mask == 0 {
+        return new; // also the null case
+    }
+    // SAFETY: `new` is a live MKL block of new_size bytes holding the
+    // first min(old_size, new_size) bytes of the old one.
+    unsafe { realign(new, old_size.min(new_size), new_size, mask + 1) }
+}
+
+/// Moves a misaligned block returned by `MKL_realloc` into an aligned one.
+/// The caller's old pointer is already gone, so failing here cannot be
+/// reported as "old block intact": the process aborts instead (never observed).
+#[cold]
+#[inline(never)]
+unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mut u8 {
+    // SAFETY: size > 0 and align is a power of two ≥ 64.
+    let fresh = unsafe { raw_alloc(size, align) };
+    if fresh.is_null() {
+        const MSG: &[u8] = b"mkl-alloc: MKL_realloc returned a misaligned block and no aligned block could replace it\n";
+        // SAFETY: writes a static buffer to stderr; no allocation.
+        unsafe { libc::write(2, MSG.as_ptr().cast::<c_void>(), MSG.len()) };
+        std::process::abort();
+    }
+    // SAFETY: both blocks hold at least `keep` bytes and are distinct; `block`
+    // is a live MKL block freed exactly once.
+    unsafe {
+        ptr::copy_nonoverlapping(block, fresh, keep);
+        raw_free(block);
+    }
+    fresh
+}
+
+/// The oneMKL memory manager as a Rust allocator.
+///
+/// A zero-sized handle: every instance is the same allocator. Blocks are
+/// aligned to `max(64, layout.align())`; alignments above [`MAX_ALIGN`] and
+/// sizes MKL cannot serve give null (`GlobalAlloc`) or [`AllocError`]
+/// (`Allocator`), never a misaligned block or an abort.
+///
+/// As the whole program's allocator:
+///
+/// ```
+/// use mkl_alloc::MklAllocator;
+///
+/// #[global_allocator]
+/// static GLOBAL: MklAllocator = MklAllocator;
+///
+/// let v = vec![1.0f64; 1000];
+/// assert_eq!(v.as_ptr() as usize % 64, 0);
+/// ```
+///
+/// For chosen collections, through allocator-api2:
+///
+/// ```
+/// use allocator_api2::vec::Vec;
+/// use mkl_alloc::MklAllocator;
+///
+/// let mut v: Vec<f64, MklAllocator> = Vec::new_in(MklAllocator);
+/// v.extend((0..1000).map(f64::from));
+/// assert_eq!(v.as_ptr() as usize % 64, 0);
+/// assert_eq!(v[999], 999.0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MklAllocator;
+
+// SAFETY: every method upholds GlobalAlloc's contract: blocks fit the layout
+// (size, and alignment max(64, align) or null), null reports failure with the
+// old block intact (realloc), and dealloc frees exactly what alloc returned.
+// MKL's own bookkeeping uses libc's allocator, so it never re-enters this one.
+unsafe impl GlobalAlloc for MklAllocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: layout.size() > 0 (GlobalAlloc's contract); the align of a
+        // Layout is a power of two.
+        unsafe { raw_alloc(layout.size(), layout.align()) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as in alloc.
+        unsafe { raw_alloc_zeroed(layout.size(), layout.align()) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: ptr came from this allocator (caller's contract).
+        unsafe { raw_free(ptr) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: ptr is a live block of `layout` from this allocator, so it
+        // is aligned to max(64, layout.align()); new_size > 0 (contract).
+        unsafe { raw_realloc(ptr, layout.size(), new_size, layout.align()) }
+    }
+}
+
+/// A dangling, aligned, non-null pointer for zero-sized blocks: they never
+/// reach MKL.
+#[inline(always)]
+fn dangling(align: usize) -> NonNull<[u8]> {
+    // SAFETY: a Layout's alignment is never zero.
+    let ptr = unsafe { NonNull::new_unchecked(ptr::without_provenance_mut::<u8>(align)) };
+    NonNull::slice_from_raw_parts(ptr, 0)
+}
+
+#[inline(always)]
+fn block(ptr: *mut u8, size: usize) -> Result<NonNull<[u8]>, AllocError> {
+    match NonNull::new(ptr) {
+        Some(p) => Ok(NonNull::slice_from_raw_parts(p, size)),
+        None => Err(AllocError),
+    }
+}
+
+impl MklAllocator {
+    /// grow / shrink: `old` is non-zero-sized, `new` is too.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of `old` from this allocator.
+    #[inline(always)]
+    unsafe fn resize(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if new.align() <= old.align().max(MIN_ALIGN) {
+            // SAFETY: the block is aligned to max(64, old.align()) ≥ new.align().
+            let p = unsafe { raw_realloc(ptr.as_ptr(), old.size(), new.size(), new.align()) };
+            return block(p, new.size());
+        }
+        // A stricter alignment than the block has: MKL_realloc would keep the
+        // old one, so move by hand (what MKL_realloc does anyway: it always moves).
+        // SAFETY: new.size() > 0, power-of-two alignment.
+        let fresh = block(unsafe { raw_alloc(new.size(), new.align()) }, new.size())?;
+        // SAFETY: distinct live blocks, each at least min(old, new) bytes; the
+        // old one is freed once and not used again.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                ptr.as_ptr(),
+                fresh.cast::<u8>().as_ptr(),
+                old.size().min(new.size()),
+            );
+            raw_free(ptr.as_ptr());
+        }
+        Ok(fresh)
+    }
+}
+
+// SAFETY: blocks are valid for their layout until deallocated, which they
+// are only through this allocator; the handle is zero-sized so every copy of
+// it is the same allocator; zero-sized layouts never reach MKL.
+unsafe impl Allocator for MklAllocator {
+    #[inline]
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout.align()));
+        }
+        // SAFETY: size > 0, power-of-two alignment.
+        block(
+            unsafe { raw_alloc(layout.size(), layout.align()) },
+            layout.size(),
+        )
+    }
+
+    #[inline]
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout.align()));
+        }
+        // SAFETY: size > 0, power-of-two alignment.
+        block(
+            unsafe { raw_alloc_zeroed(layout.size(), layout.align()) },
+            layout.size(),
+        )
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: a non-zero-sized block of ours (caller's contract).
+            unsafe { raw_free(ptr.as_ptr()) }
+        }
+    }
+
+    #[inline]
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old.size() == 0 {
+            return self.allocate(new);
+        }
+        // SAFETY: live non-empty block of `old`; new.size() ≥ old.size() > 0.
+        unsafe { self.resize(ptr, old, new) }
+    }
+
+    #[inline]
+    unsafe fn grow_zeroed(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old.size() == 0 {
+            return self.allocate_zeroed(new);
+        }
+        // SAFETY: as in grow.
+        let grown = unsafe { self.resize(ptr, old, new) }?;
+        // SAFETY: the block holds new.size() ≥ old.size() bytes; only the
+        // tail beyond the old contents is zeroed.
+        unsafe {
+            grown
+                .cast::<u8>()
+                .as_ptr()
+                .add(old.size())
+                .write_bytes(0, new.size() - old.size());
+        }
+        Ok(grown)
+    }
+
+    #[inline]
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if new.size() == 0 {
+            // SAFETY: live block of `old`, not used again.
+            unsafe { self.deallocate(ptr, old) };
+            return Ok(dangling(new.align()));
+        }
+        // SAFETY: live block of `old`, and old.size() ≥ new.size() > 0.
+        unsafe { self.resize(ptr, old, new) }
+    }
+}

@@ -1,0 +1,48 @@
+//! Raw bindings to oneMKL's C service functions (`mkl_service.h`). Nothing else.
+//!
+//! **Upper-case names only.** In `mkl_service.h` the lower-case names
+//! (`mkl_malloc`, `mkl_free`, …) are `#define`s for these. The lower-case
+//! *symbols* that the library also exports are the Fortran interface, which
+//! takes every argument by pointer: binding `mkl_malloc(size, align)` links and
+//! then segfaults inside `mkl_malloc_`. The build script checks each prototype
+//! below against the `mkl_service.h` of the MKL being linked.
+//!
+//! These are exposed for benchmarks and for code that must hand MKL blocks to C;
+//! everything else should go through [`MklAllocator`](crate::MklAllocator).
+#![allow(non_snake_case)]
+
+use core::ffi::{c_int, c_void};
+
+/// `MKL_PEAK_MEM_DISABLE`: stop tracking peak usage.
+pub const MKL_PEAK_MEM_DISABLE: c_int = 0;
+/// `MKL_PEAK_MEM_ENABLE`: start tracking peak usage.
+pub const MKL_PEAK_MEM_ENABLE: c_int = 1;
+/// `MKL_PEAK_MEM_RESET`: return the peak and reset it to the current usage.
+pub const MKL_PEAK_MEM_RESET: c_int = -1;
+/// `MKL_PEAK_MEM`: return the peak.
+pub const MKL_PEAK_MEM: c_int = 2;
+/// `MKL_MEM_MCDRAM`: the only memory type `MKL_Set_Memory_Limit` takes.
+pub const MKL_MEM_MCDRAM: c_int = 1;
+
+unsafe extern "C" {
+    /// `void* MKL_malloc(size_t size, int align)`: null on failure and for size 0.
+    pub fn MKL_malloc(size: usize, align: c_int) -> *mut c_void;
+    /// `void* MKL_calloc(size_t num, size_t size, int align)`: zeroed.
+    pub fn MKL_calloc(num: usize, size: usize, align: c_int) -> *mut c_void;
+    /// `void* MKL_realloc(void *ptr, size_t size)`: null on failure, `ptr` then intact.
+    pub fn MKL_realloc(ptr: *mut c_void, size: usize) -> *mut c_void;
+    /// `void MKL_free(void *ptr)`.
+    pub fn MKL_free(ptr: *mut c_void);
+    /// `MKL_INT64 MKL_Mem_Stat(int* nbuffers)`: bytes held; buffer count through the pointer.
+    pub fn MKL_Mem_Stat(nbuffers: *mut c_int) -> i64;
+    /// `MKL_INT64 MKL_Peak_Mem_Usage(int reset)`: one of the `MKL_PEAK_MEM*` modes.
+    pub fn MKL_Peak_Mem_Usage(reset: c_int) -> i64;
+    /// `void MKL_Free_Buffers(void)`: release cached buffers of all threads.
+    pub fn MKL_Free_Buffers();
+    /// `void MKL_Thread_Free_Buffers(void)`: release the calling thread's cached buffers.
+    pub fn MKL_Thread_Free_Buffers();
+    /// `int MKL_Disable_Fast_MM(void)`: turn the caching memory manager off.
+    pub fn MKL_Disable_Fast_MM() -> c_int;
+    /// `int MKL_Set_Memory_Limit(int mem_type, size_t limit)`.
+    pub fn MKL_Set_Memory_Limit(mem_type: c_int, limit: usize) -> c_int;
+}
