@@ -4,6 +4,9 @@
 //!   `MKL_malloc` / `MKL_calloc` / `MKL_realloc` / `MKL_free`; every block is
 //!   aligned to at least 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
+//! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
+//!   [`View`]s and one atomic word make resizing through `&self` safe (a
+//!   resize is refused, never blocked, while a view is alive).
 //! - [`ffi`]: the raw bindings (upper-case `MKL_*` names only).
 //!
 //! MKL itself is found or provisioned by the build script; see the README.
@@ -16,5 +19,11 @@ extern crate intel_mkl_src as _;
 mod allocator;
 pub mod ffi;
 pub mod manager;
+mod shared_vec;
+mod sync;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
+#[cfg(loom)]
+#[doc(hidden)]
+pub use shared_vec::Mutant;
+pub use shared_vec::{ArcView, SharedMklVec, SharedVecError, View, ViewMut};
