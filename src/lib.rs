@@ -27,3 +27,8 @@ pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 #[doc(hidden)]
 pub use shared_vec::Mutant;
 pub use shared_vec::{ArcView, SharedMklVec, SharedVecError, View, ViewMut};
+
+// The README's code blocks are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
