@@ -9,6 +9,11 @@
 //!
 //! These are exposed for benchmarks and for code that must hand MKL blocks to C;
 //! everything else should go through [`MklAllocator`](crate::MklAllocator).
+//!
+//! MKL does not validate its arguments (measured with 2026.2): keep every size
+//! at most `isize::MAX` (larger ones corrupt the heap in `MKL_realloc` and
+//! crash `MKL_calloc`), and pass `num = 1` to `MKL_calloc`, which does not
+//! check `num * size` for overflow and returns a block of the wrapped size.
 #![allow(non_snake_case)]
 
 use core::ffi::{c_int, c_void};
@@ -28,6 +33,7 @@ unsafe extern "C" {
     /// `void* MKL_malloc(size_t size, int align)`: null on failure and for size 0.
     pub fn MKL_malloc(size: usize, align: c_int) -> *mut c_void;
     /// `void* MKL_calloc(size_t num, size_t size, int align)`: zeroed.
+    /// `num * size` is not checked for overflow (see the module docs).
     pub fn MKL_calloc(num: usize, size: usize, align: c_int) -> *mut c_void;
     /// `void* MKL_realloc(void *ptr, size_t size)`: null on failure, `ptr` then intact.
     pub fn MKL_realloc(ptr: *mut c_void, size: usize) -> *mut c_void;

@@ -41,8 +41,12 @@ pub fn stats() -> MemStats {
     }
 }
 
-/// Starts recording the peak of MKL's allocated bytes (off by default).
-/// Returns the peak recorded so far by MKL, or `None` if MKL reports an error.
+/// Starts (or restarts) recording peak usage (off by default;
+/// `MKL_Peak_Mem_Usage(MKL_PEAK_MEM_ENABLE)`).
+///
+/// MKL's peak is relative: it counts the growth of MKL's allocated bytes
+/// from this moment, starting at 0. Blocks already live are not counted, and
+/// freeing them lowers the running total below 0 (reported as 0).
 ///
 /// ```
 /// use mkl_alloc::manager;
@@ -54,8 +58,8 @@ pub fn stats() -> MemStats {
 /// drop(v);
 /// manager::disable_peak_tracking();
 /// ```
-pub fn enable_peak_tracking() -> Option<u64> {
-    peak(ffi::MKL_PEAK_MEM_ENABLE)
+pub fn enable_peak_tracking() {
+    peak(ffi::MKL_PEAK_MEM_ENABLE);
 }
 
 /// Stops recording the peak; [`peak_bytes`] then returns `None`.
@@ -64,12 +68,12 @@ pub fn enable_peak_tracking() -> Option<u64> {
 /// mkl_alloc::manager::disable_peak_tracking();
 /// assert_eq!(mkl_alloc::manager::peak_bytes(), None);
 /// ```
-pub fn disable_peak_tracking() -> Option<u64> {
-    peak(ffi::MKL_PEAK_MEM_DISABLE)
+pub fn disable_peak_tracking() {
+    peak(ffi::MKL_PEAK_MEM_DISABLE);
 }
 
-/// The peak of MKL's allocated bytes since tracking was enabled or last reset;
-/// `None` while tracking is off.
+/// The highest growth of MKL's allocated bytes since tracking was enabled or
+/// last reset (see [`enable_peak_tracking`]); `None` while tracking is off.
 ///
 /// ```
 /// use mkl_alloc::manager;
@@ -82,7 +86,7 @@ pub fn peak_bytes() -> Option<u64> {
     peak(ffi::MKL_PEAK_MEM)
 }
 
-/// Returns the peak (as [`peak_bytes`]) and resets it to the current usage.
+/// Returns the peak (as [`peak_bytes`]) and starts counting again from 0.
 ///
 /// ```
 /// use mkl_alloc::manager;
@@ -100,14 +104,21 @@ pub fn reset_peak() -> Option<u64> {
     peak(ffi::MKL_PEAK_MEM_RESET)
 }
 
+/// MKL answers -1 while tracking is off; any other negative value is a peak
+/// below the starting point (pre-existing blocks were freed), i.e. no growth.
 fn peak(mode: c_int) -> Option<u64> {
     // SAFETY: MKL_Peak_Mem_Usage takes one of the MKL_PEAK_MEM* modes by value.
     let r = unsafe { ffi::MKL_Peak_Mem_Usage(mode) };
-    u64::try_from(r).ok()
+    match r {
+        -1 => None,
+        r => Some(r.max(0) as u64),
+    }
 }
 
-/// Releases the blocks MKL's manager keeps cached for reuse, in all threads
-/// (`MKL_Free_Buffers`). Live blocks are not affected.
+/// Asks MKL to release the blocks its manager keeps cached for reuse, in all
+/// threads (`MKL_Free_Buffers`). Live blocks are not affected. (With MKL
+/// 2026.2 blocks served through `MKL_malloc` were observed going back to libc
+/// at once, so there may be nothing cached to release.)
 ///
 /// ```
 /// mkl_alloc::manager::free_buffers();
