@@ -3,6 +3,9 @@
 //! - [`MklAllocator`]: `GlobalAlloc` and allocator-api2's `Allocator` on
 //!   `MKL_malloc` / `MKL_calloc` / `MKL_realloc` / `MKL_free`; every block is
 //!   aligned to at least 64 bytes.
+//! - [`MklSplitAllocator`]: a size-split allocator for `#[global_allocator]`:
+//!   small blocks (under 4 KiB by default, alignment at most 16) from the
+//!   system allocator, all others from MKL aligned to 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
 //! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
 //!   [`View`]s and one atomic word make resizing through `&self` safe (a
@@ -20,6 +23,7 @@ mod allocator;
 pub mod ffi;
 pub mod manager;
 mod shared_vec;
+mod split;
 mod sync;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
@@ -27,6 +31,7 @@ pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 #[doc(hidden)]
 pub use shared_vec::Mutant;
 pub use shared_vec::{ArcView, SharedMklVec, SharedVecError, View, ViewMut};
+pub use split::{DEFAULT_SPLIT_THRESHOLD, MklSplitAllocator, SPLIT_MAX_SMALL_ALIGN};
 
 // The README's code blocks are compiled and run as doctests.
 #[cfg(doctest)]

@@ -1,0 +1,118 @@
+//! Criterion groups 1-3 of issue 4, competitors side by side on one input:
+//!
+//! 1. `alloc_free/<size>`: one alloc + free at 16 B .. 1 MiB, align 64:
+//!    `MklAllocator`, raw `MKL_malloc`/`MKL_free`, `System`, `mimalloc`,
+//!    `MklSplitAllocator`.
+//! 2. `vec_growth/<n>`: `allocator_api2::vec::Vec<f64, A>` pushed to 10^7
+//!    (and 10^8 with `MKL_ALLOC_BENCH_LONG=1`) vs a raw `MKL_realloc`
+//!    doubling loop.
+//! 3. `hashbrown_insert`: 10^6 inserts, `MklAllocator` vs the default.
+//!
+//! Default runs are short (10 samples, 1 s); `MKL_ALLOC_BENCH_LONG=1` runs
+//! criterion's defaults and the 10^8 growth.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use core::alloc::Layout;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
+use mkl_alloc::{MklAllocator, MklSplitAllocator};
+use support::*;
+
+fn long() -> bool {
+    std::env::var_os("MKL_ALLOC_BENCH_LONG").is_some()
+}
+
+fn alloc_free_group(c: &mut Criterion) {
+    let mut g = c.benchmark_group("alloc_free");
+    for size in SIZES {
+        let layout = Layout::from_size_align(size, ALIGN).unwrap();
+        let name = size_name(size);
+        g.bench_with_input(
+            BenchmarkId::new("raw MKL_malloc", &name),
+            &layout,
+            |b, &l| b.iter(|| alloc_free_raw_mkl(l, 1)),
+        );
+        g.bench_with_input(BenchmarkId::new("MklAllocator", &name), &layout, |b, &l| {
+            b.iter(|| alloc_free(&MklAllocator, l, 1))
+        });
+        g.bench_with_input(
+            BenchmarkId::new("MklSplitAllocator", &name),
+            &layout,
+            |b, &l| b.iter(|| alloc_free(&MklSplitAllocator::<4096>, l, 1)),
+        );
+        g.bench_with_input(BenchmarkId::new("System", &name), &layout, |b, &l| {
+            b.iter(|| alloc_free(&std::alloc::System, l, 1))
+        });
+        g.bench_with_input(BenchmarkId::new("mimalloc", &name), &layout, |b, &l| {
+            b.iter(|| alloc_free(&mimalloc::MiMalloc, l, 1))
+        });
+    }
+    g.finish();
+}
+
+fn vec_growth_group(c: &mut Criterion) {
+    let mut g = c.benchmark_group("vec_growth");
+    g.sampling_mode(SamplingMode::Flat);
+    let sizes: &[usize] = if long() {
+        &[10_000_000, 100_000_000]
+    } else {
+        &[10_000_000]
+    };
+    for &n in sizes {
+        let id = format!("{n}");
+        g.bench_with_input(BenchmarkId::new("raw MKL_realloc", &id), &n, |b, &n| {
+            b.iter(|| black_box(raw_mkl_realloc_growth(n)))
+        });
+        g.bench_with_input(BenchmarkId::new("MklAllocator", &id), &n, |b, &n| {
+            b.iter(|| black_box(vec_growth(MklAllocator, n)))
+        });
+        g.bench_with_input(BenchmarkId::new("MklSplitAllocator", &id), &n, |b, &n| {
+            b.iter(|| black_box(vec_growth(MklSplitAllocator::<4096>, n)))
+        });
+        g.bench_with_input(BenchmarkId::new("System", &id), &n, |b, &n| {
+            b.iter(|| black_box(vec_growth(ViaGlobal(std::alloc::System), n)))
+        });
+        g.bench_with_input(BenchmarkId::new("mimalloc", &id), &n, |b, &n| {
+            b.iter(|| black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), n)))
+        });
+    }
+    g.finish();
+}
+
+fn hashbrown_group(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hashbrown_insert");
+    g.sampling_mode(SamplingMode::Flat);
+    let n = 1_000_000u64;
+    g.bench_with_input(BenchmarkId::new("default", n), &n, |b, &n| {
+        b.iter(|| hashbrown_insert_default(n))
+    });
+    g.bench_with_input(BenchmarkId::new("MklAllocator", n), &n, |b, &n| {
+        b.iter(|| hashbrown_insert(MklAllocator, n))
+    });
+    g.bench_with_input(BenchmarkId::new("MklSplitAllocator", n), &n, |b, &n| {
+        b.iter(|| hashbrown_insert(MklSplitAllocator::<4096>, n))
+    });
+    g.finish();
+}
+
+fn config() -> Criterion {
+    if long() {
+        Criterion::default()
+    } else {
+        Criterion::default()
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1))
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = alloc_free_group, vec_growth_group, hashbrown_group
+}
+criterion_main!(benches);

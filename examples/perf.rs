@@ -1,0 +1,577 @@
+//! The quick performance table of issue 4: the criterion workloads, run
+//! briefly, with competitors interleaved round by round so every ratio comes
+//! from one run on one machine state.
+//!
+//! ```text
+//! cargo build --release --examples      # builds perf and the workload_* binaries
+//! cargo run --release --example perf    # under 2 minutes on 2 cores
+//! ```
+//!
+//! The whole-program workload (5) needs one binary per global allocator
+//! (`examples/workload_*.rs`); perf runs them as child processes from its
+//! own directory (`target/release/examples/`). If they are missing and perf
+//! was started by `cargo run`, it builds them first with the same cargo
+//! (`cargo build --release --example workload_…`); otherwise it prints the
+//! command and leaves those rows out.
+//!
+//! `cargo run --release --example perf -- growth views` runs only the groups
+//! whose names contain one of the words (alloc+free, small objects, Vec growth, hashbrown,
+//! views, workload).
+//!
+//! `PERF_VERBOSE=1` also prints every target's per-round ratios on stderr.
+//!
+//! Clocks: single-threaded rows are timed in this thread's CPU time (user +
+//! system, `CLOCK_THREAD_CPUTIME_ID`), so time the (shared) machine gives to
+//! other processes does not count, while page faults and system calls made
+//! by the code measured do. The 2-thread rows are per-thread wall time
+//! (contention is what they measure). The workload rows show each child's
+//! CPU time (user + system, `getrusage`) and wall time; the target uses
+//! CPU time.
+//!
+//! Method: every group runs `ROUNDS` rounds after one discarded warm-up
+//! round; in each round every competitor runs one batch, in an order
+//! shuffled afresh each round (fixed seed). The table shows each competitor's median
+//! batch time per operation, and each ratio is the median of the per-round
+//! ratios (A and B measured moments apart).
+
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use core::alloc::Layout;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use atomic_refcell::AtomicRefCell;
+use mkl_alloc::{MklAllocator, MklSplitAllocator, SharedMklVec};
+use support::*;
+
+/// One measured competitor: its per-round values (ns per op, or a size).
+struct Series {
+    name: String,
+    values: Vec<f64>,
+}
+
+/// A fresh order of `k` competitors for round `r`: a Fisher-Yates shuffle
+/// driven by a fixed xorshift sequence, so no competitor always follows the
+/// same neighbour (an allocator leaves caches and freed memory behind for
+/// the next one) and every run of perf uses the same orders.
+fn order(k: usize, r: usize) -> Vec<usize> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (r as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut o: Vec<usize> = (0..k).collect();
+    for i in (1..k).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        o.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    o
+}
+
+/// Runs `rounds` interleaved rounds (plus one warm-up) of the competitors,
+/// each round in its own order.
+fn interleave(rounds: usize, competitors: &mut [(&str, &mut dyn FnMut() -> f64)]) -> Vec<Series> {
+    let k = competitors.len();
+    let mut out: Vec<Series> = competitors
+        .iter()
+        .map(|(n, _)| Series {
+            name: n.to_string(),
+            values: Vec::with_capacity(rounds),
+        })
+        .collect();
+    for r in 0..=rounds {
+        for i in order(k, r) {
+            let v = (competitors[i].1)();
+            if r > 0 {
+                out[i].values.push(v);
+            }
+        }
+    }
+    out
+}
+
+fn med(s: &Series) -> f64 {
+    median(&mut s.values.clone())
+}
+
+/// Median of the per-round ratios a/b.
+fn ratio(a: &Series, b: &Series) -> f64 {
+    let mut r: Vec<f64> = a.values.iter().zip(&b.values).map(|(x, y)| x / y).collect();
+    median(&mut r)
+}
+
+/// This thread's CPU time (user + system) in nanoseconds. Single-threaded
+/// rows are timed with it, so time the shared machine gives to other
+/// processes does not count; page faults and system calls made by the
+/// code measured do.
+fn thread_cpu_ns() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
+}
+
+/// Times `f` once (thread CPU time), in nanoseconds per op.
+fn per_op(iters: u64, f: impl FnOnce()) -> f64 {
+    let t = thread_cpu_ns();
+    f();
+    (thread_cpu_ns() - t) / iters as f64
+}
+
+/// Times `f` once (thread CPU time), in milliseconds.
+fn ms(f: impl FnOnce()) -> f64 {
+    let t = thread_cpu_ns();
+    f();
+    (thread_cpu_ns() - t) / 1e6
+}
+
+struct Table {
+    rows: Vec<String>,
+    targets: Vec<String>,
+}
+
+impl Table {
+    fn group(&mut self, title: &str, unit: &str, series: &[Series], base: usize) {
+        for (i, s) in series.iter().enumerate() {
+            let r = if i == base {
+                "1.00 (baseline)".to_string()
+            } else {
+                format!("{:.2}", ratio(s, &series[base]))
+            };
+            self.rows.push(format!(
+                "| {title} | {} | {} {unit} | {r} |",
+                s.name,
+                fmt_num(med(s))
+            ));
+        }
+    }
+
+    fn target(&mut self, what: &str, a: &Series, b: &Series, limit: f64) {
+        let r = ratio(a, b);
+        if std::env::var_os("PERF_VERBOSE").is_some() {
+            let per_round: Vec<String> = a
+                .values
+                .iter()
+                .zip(&b.values)
+                .map(|(x, y)| format!("{:.3}", x / y))
+                .collect();
+            eprintln!("perf: {what}: per-round ratios {}", per_round.join(" "));
+        }
+        let status = if r <= limit { "**met**" } else { "**missed**" };
+        self.targets.push(format!(
+            "| {what} | {} / {} | {r:.4} | ≤ {limit:.2} | {status} |",
+            a.name, b.name
+        ));
+    }
+}
+
+fn fmt_num(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn alloc_free_group(t: &mut Table) {
+    const ROUNDS: usize = 41;
+    for size in SIZES {
+        let layout = Layout::from_size_align(size, ALIGN).unwrap();
+        // Calibrate one batch to about 2 ms of raw MKL.
+        let probe = per_op(2000, || alloc_free_raw_mkl(layout, 2000));
+        let iters = ((2e6 / probe) as u64).clamp(200, 200_000);
+        let series = interleave(
+            ROUNDS,
+            &mut [
+                ("raw MKL_malloc/MKL_free", &mut || {
+                    per_op(iters, || alloc_free_raw_mkl(layout, iters))
+                }),
+                ("MklAllocator", &mut || {
+                    per_op(iters, || alloc_free(&MklAllocator, layout, iters))
+                }),
+                ("MklSplitAllocator", &mut || {
+                    per_op(iters, || {
+                        alloc_free(&MklSplitAllocator::<4096>, layout, iters)
+                    })
+                }),
+                ("System", &mut || {
+                    per_op(iters, || alloc_free(&std::alloc::System, layout, iters))
+                }),
+                ("mimalloc", &mut || {
+                    per_op(iters, || alloc_free(&mimalloc::MiMalloc, layout, iters))
+                }),
+            ],
+        );
+        let title = format!("1. alloc+free {} (align 64)", size_name(size));
+        t.group(&title, "ns", &series, 0);
+        t.target(
+            &format!("MklAllocator ≤ 1.03x raw MKL, {}", size_name(size)),
+            &series[1],
+            &series[0],
+            1.03,
+        );
+    }
+}
+
+/// What the split allocator is for: small, ordinarily aligned blocks.
+fn small_objects_group(t: &mut Table) {
+    const ROUNDS: usize = 41;
+    for size in [16, 256, 4096] {
+        let layout = Layout::from_size_align(size, 8).unwrap();
+        let probe = per_op(2000, || alloc_free(&MklAllocator, layout, 2000));
+        let iters = ((2e6 / probe) as u64).clamp(200, 200_000);
+        let series = interleave(
+            ROUNDS,
+            &mut [
+                ("System", &mut || {
+                    per_op(iters, || alloc_free(&std::alloc::System, layout, iters))
+                }),
+                ("MklAllocator", &mut || {
+                    per_op(iters, || alloc_free(&MklAllocator, layout, iters))
+                }),
+                ("MklSplitAllocator", &mut || {
+                    per_op(iters, || {
+                        alloc_free(&MklSplitAllocator::<4096>, layout, iters)
+                    })
+                }),
+                ("mimalloc", &mut || {
+                    per_op(iters, || alloc_free(&mimalloc::MiMalloc, layout, iters))
+                }),
+            ],
+        );
+        let title = format!("1b. alloc+free {} (align 8)", size_name(size));
+        t.group(&title, "ns", &series, 0);
+    }
+}
+
+fn growth_group(t: &mut Table) {
+    const ROUNDS: usize = 15;
+    const N: usize = 10_000_000;
+    let series = interleave(
+        ROUNDS,
+        &mut [
+            ("raw MKL_realloc doubling", &mut || {
+                ms(|| {
+                    black_box(raw_mkl_realloc_growth(N));
+                })
+            }),
+            ("Vec<f64, MklAllocator>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(MklAllocator, N));
+                })
+            }),
+            ("Vec<f64, MklSplitAllocator>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(MklSplitAllocator::<4096>, N));
+                })
+            }),
+            ("Vec<f64, System>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(ViaGlobal(std::alloc::System), N));
+                })
+            }),
+            ("Vec<f64, mimalloc>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), N));
+                })
+            }),
+        ],
+    );
+    t.group("2. Vec<f64> push to 10^7", "ms", &series, 0);
+    t.target(
+        "Vec growth with MklAllocator ≤ 1.05x raw MKL_realloc loop",
+        &series[1],
+        &series[0],
+        1.05,
+    );
+}
+
+fn hashbrown_group(t: &mut Table) {
+    const ROUNDS: usize = 7;
+    const N: u64 = 1_000_000;
+    let series = interleave(
+        ROUNDS,
+        &mut [
+            ("default (System)", &mut || {
+                ms(|| {
+                    black_box(hashbrown_insert_default(N));
+                })
+            }),
+            ("MklAllocator", &mut || {
+                ms(|| {
+                    black_box(hashbrown_insert(MklAllocator, N));
+                })
+            }),
+            ("MklSplitAllocator", &mut || {
+                ms(|| {
+                    black_box(hashbrown_insert(MklSplitAllocator::<4096>, N));
+                })
+            }),
+        ],
+    );
+    t.group("3. hashbrown insert 10^6 u64", "ms", &series, 0);
+}
+
+fn views_group(t: &mut Table) {
+    const ROUNDS: usize = 31;
+    const ITERS: u64 = 200_000;
+    let data: Vec<f64> = (0..1024).map(f64::from).collect();
+    let shared = SharedMklVec::from_slice(&data);
+    let arc = Arc::new(data.clone());
+    let lock = RwLock::new(data.clone());
+    let cell = AtomicRefCell::new(data);
+    for threads in [1, 2] {
+        let run = |f: &(dyn Fn(u64) + Sync)| {
+            if threads == 1 {
+                per_op(ITERS, || f(ITERS))
+            } else {
+                two_threads(ITERS, f) / ITERS as f64
+            }
+        };
+        let series = interleave(
+            ROUNDS,
+            &mut [
+                ("SharedMklVec view", &mut || run(&|n| view_loop(&shared, n))),
+                ("Arc clone+drop", &mut || run(&|n| arc_loop(&arc, n))),
+                ("RwLock::try_read", &mut || run(&|n| rwlock_loop(&lock, n))),
+                ("AtomicRefCell::try_borrow", &mut || {
+                    run(&|n| atomic_refcell_loop(&cell, n))
+                }),
+            ],
+        );
+        let mode = if threads == 1 {
+            "uncontended"
+        } else {
+            "2 threads"
+        };
+        t.group(&format!("4. acquire+release, {mode}"), "ns", &series, 1);
+        t.target(
+            &format!("view ≤ 1.2x Arc clone+drop, {mode}"),
+            &series[0],
+            &series[1],
+            1.2,
+        );
+        t.target(
+            &format!("view ≤ 1.0x RwLock::try_read, {mode}"),
+            &series[0],
+            &series[2],
+            1.0,
+        );
+    }
+    const N: usize = 10_000_000;
+    let series = interleave(
+        7,
+        &mut [
+            ("Vec<f64>::push (System)", &mut || {
+                ms(|| {
+                    black_box(std_vec_growth(N));
+                })
+            }),
+            ("SharedMklVec::try_push", &mut || {
+                ms(|| {
+                    black_box(shared_try_push(N));
+                })
+            }),
+        ],
+    );
+    t.group("4. push to 10^7 f64", "ms", &series, 0);
+}
+
+const WORKLOADS: [&str; 4] = ["system", "mimalloc", "mkl", "split"];
+
+/// The workload binaries next to this executable; built with the cargo that
+/// ran us if they are missing.
+fn workload_binaries() -> Option<Vec<PathBuf>> {
+    let dir = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    let paths: Vec<PathBuf> = WORKLOADS
+        .iter()
+        .map(|w| dir.join(format!("workload_{w}{}", std::env::consts::EXE_SUFFIX)))
+        .collect();
+    if paths.iter().all(|p| p.exists()) {
+        return Some(paths);
+    }
+    if let Ok(cargo) = std::env::var("CARGO") {
+        eprintln!("perf: building the workload_* examples with {cargo} …");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--release", "--manifest-path"])
+            .arg(manifest);
+        // `cargo run` gave us the package's OUT_DIR, CARGO_PKG_* &c.; passed
+        // on, build scripts that watch them (ring's does) would rebuild half
+        // the tree, here and again in the next ordinary build.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_CFG_")
+                || [
+                    "OUT_DIR",
+                    "CARGO_MANIFEST_LINKS",
+                    "CARGO_MANIFEST_DIR",
+                    "CARGO_MANIFEST_PATH",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_BIN_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                ]
+                .contains(&&*k)
+            {
+                cmd.env_remove(&*k);
+            }
+        }
+        for w in WORKLOADS {
+            cmd.args(["--example", &format!("workload_{w}")]);
+        }
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        if ok && paths.iter().all(|p| p.exists()) {
+            return Some(paths);
+        }
+    }
+    eprintln!(
+        "perf: the workload binaries are missing from {}; build them with\n    \
+         cargo build --release --examples\nthen run perf again.",
+        dir.display()
+    );
+    None
+}
+
+/// Runs one workload binary; returns (CPU ms, wall ms, peak RSS in KiB).
+fn run_workload(bin: &Path, entries: usize) -> (f64, f64, f64) {
+    let out = Command::new(bin)
+        .arg(entries.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    assert!(out.status.success(), "{} failed", bin.display());
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |k: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+    };
+    (field("cpu_ms="), field("time_ms="), field("peak_rss_kib="))
+}
+
+fn workload_group(t: &mut Table) {
+    const ROUNDS: usize = 5;
+    const OTHER_ROUNDS: usize = 2;
+    const ENTRIES: usize = 1_000_000;
+    let Some(bins) = workload_binaries() else {
+        t.rows
+            .push("| 5. workload | (not run: workload binaries missing) | | |".into());
+        return;
+    };
+    let names = ["System", "mimalloc", "MklAllocator", "MklSplitAllocator"];
+    let mut times: Vec<Series> = names
+        .iter()
+        .map(|n| Series {
+            name: n.to_string(),
+            values: vec![],
+        })
+        .collect();
+    let mut walls: Vec<Series> = names
+        .iter()
+        .map(|n| Series {
+            name: n.to_string(),
+            values: vec![],
+        })
+        .collect();
+    let mut rss: Vec<Series> = names
+        .iter()
+        .map(|n| Series {
+            name: n.to_string(),
+            values: vec![],
+        })
+        .collect();
+    // No warm-up round: each run is a fresh process (the binaries are in
+    // the page cache after the first). The pair the target compares,
+    // System and MklSplitAllocator, runs in every round; mimalloc and pure
+    // MKL in the first OTHER_ROUNDS only, to stay under two minutes.
+    for r in 0..ROUNDS {
+        let who: &[usize] = if r < OTHER_ROUNDS {
+            &[0, 1, 2, 3]
+        } else {
+            &[0, 3]
+        };
+        for j in order(who.len(), r) {
+            let i = who[j];
+            let (cpu, wall, kib) = run_workload(&bins[i], ENTRIES);
+            times[i].values.push(cpu);
+            walls[i].values.push(wall);
+            rss[i].values.push(kib / 1024.0);
+        }
+    }
+    t.group("5. workload CPU time (10^6 entries)", "ms", &times, 0);
+    t.group("5. workload wall time", "ms", &walls, 0);
+    t.group("5. workload peak RSS", "MiB", &rss, 0);
+    t.target(
+        "split allocator ≤ 1.1x System, workload CPU time",
+        &times[3],
+        &times[0],
+        1.1,
+    );
+    t.target(
+        "split allocator ≤ 1.1x System, workload peak RSS",
+        &rss[3],
+        &rss[0],
+        1.1,
+    );
+}
+
+fn main() {
+    let start = Instant::now();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut t = Table {
+        rows: vec![],
+        targets: vec![],
+    };
+    type Group = fn(&mut Table);
+    let steps: [(&str, Group); 6] = [
+        ("alloc+free", alloc_free_group),
+        ("small objects", small_objects_group),
+        ("Vec growth", growth_group),
+        ("hashbrown", hashbrown_group),
+        ("views", views_group),
+        ("workload", workload_group),
+    ];
+    // `perf -- <word>…`: only the groups whose name contains a word.
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    for (name, f) in steps {
+        if !only.is_empty() && !only.iter().any(|w| name.contains(w.as_str())) {
+            continue;
+        }
+        let t0 = Instant::now();
+        f(&mut t);
+        eprintln!("perf: {name} done in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+
+    println!(
+        "Machine: {cpu}, {cores} logical cores. Medians of interleaved rounds; ratios are medians of per-round ratios.\n"
+    );
+    println!("| Workload | Competitor | Median | Ratio to baseline |");
+    println!("|---|---|---:|---:|");
+    for r in &t.rows {
+        println!("{r}");
+    }
+    println!("\n| Target (issue 4) | Ratio of | Ratio | Limit | Status |");
+    println!("|---|---|---:|---:|---|");
+    for r in &t.targets {
+        println!("{r}");
+    }
+    println!("\nTotal time: {:.1} s", start.elapsed().as_secs_f64());
+}

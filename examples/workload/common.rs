@@ -1,0 +1,86 @@
+//! The whole-program workload shared by the `workload_*` examples. Each
+//! example is this code with a different `#[global_allocator]` (the global
+//! allocator is fixed per binary, so one binary per allocator).
+//!
+//! Usage: `workload_<alloc> [entries]` (default 1 000 000). Prints one line,
+//! `allocator=<name> entries=<n> time_ms=<wall ms> cpu_ms=<user+sys ms>
+//! peak_rss_kib=<VmHWM> checksum=<n>`, which
+//! `examples/perf.rs` and `benches/workload.rs` parse.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Builds a `BTreeMap<String, Vec<u32>>` of `n` entries, clones and drops it,
+/// then makes a serde_json-style mix of small strings (n / 4 small JSON
+/// documents built, serialised and mostly dropped). Returns a checksum.
+pub fn workload(n: usize) -> u64 {
+    let mut map: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for i in 0..n as u64 {
+        let key = format!("key-{:x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let val: Vec<u32> = (0..(i % 9) as u32).map(|j| j ^ i as u32).collect();
+        map.insert(key, val);
+    }
+    let copy = map.clone();
+    let mut sum = copy.values().map(|v| v.len() as u64).sum::<u64>();
+    drop(copy);
+    drop(map);
+
+    let mut kept: Vec<String> = Vec::new();
+    for i in 0..(n / 4) as u64 {
+        let doc = serde_json::json!({
+            "id": i,
+            "name": format!("user{i}"),
+            "tags": ["a", format!("t{}", i % 17), "long-tag-value"],
+            "score": i as f64 * 0.5,
+        });
+        let text = doc.to_string();
+        sum += text.len() as u64;
+        if i % 10 == 0 {
+            kept.push(text);
+        }
+    }
+    sum += kept.len() as u64;
+    black_box(sum)
+}
+
+/// Peak resident set size of this process, in KiB (`VmHWM`).
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// This process's CPU time (user + system) in milliseconds.
+pub fn cpu_ms() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage through a valid pointer.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    assert_eq!(rc, 0, "getrusage failed");
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Runs the workload with the entry count from the command line and prints
+/// the result line.
+pub fn main_for(allocator: &str) {
+    let n: usize = std::env::args()
+        .nth(1)
+        .map(|a| a.parse().expect("entries: a positive integer"))
+        .unwrap_or(1_000_000);
+    let cpu = cpu_ms();
+    let t = Instant::now();
+    let sum = workload(n);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let cpu = cpu_ms() - cpu;
+    println!(
+        "allocator={allocator} entries={n} time_ms={ms:.3} cpu_ms={cpu:.3} peak_rss_kib={} checksum={sum}",
+        peak_rss_kib()
+    );
+}

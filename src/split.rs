@@ -1,0 +1,438 @@
+//! [`MklSplitAllocator`]: small blocks from the system allocator, large or
+//! over-aligned blocks from MKL.
+//!
+//! MKL's memory manager is built for numeric buffers. For the small objects
+//! most programs are made of it is the wrong tool: measured on the 2-core
+//! machine this crate is developed on, `MKL_malloc`+`MKL_free` costs 4-7x
+//! glibc's `malloc`+`free` for small blocks at alignment 8, and every live
+//! MKL block carries about 100 B more bookkeeping than glibc's, while for
+//! large buffers the difference is small next to using them.
+//! The split allocator routes each layout to the allocator that serves it
+//! best, so it can be the whole program's `#[global_allocator]` without the
+//! small-object tax, and every large buffer still comes from MKL aligned to
+//! 64 bytes.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::{self, NonNull};
+use std::alloc::System;
+
+use allocator_api2::alloc::{AllocError, Allocator};
+
+use crate::MklAllocator;
+use crate::allocator::{raw_alloc, raw_alloc_zeroed, raw_free, raw_realloc};
+
+/// The largest alignment a layout may ask for and still be served by the
+/// system allocator: what glibc's `malloc` gives every block on 64-bit
+/// targets, so `System` serves such blocks with plain `malloc` (it falls
+/// back to `posix_memalign` only for a block smaller than its alignment).
+///
+/// ```
+/// use core::alloc::Layout;
+/// use mkl_alloc::{MklSplitAllocator, SPLIT_MAX_SMALL_ALIGN};
+///
+/// let a = MklSplitAllocator::<4096>;
+/// assert!(!a.is_mkl(Layout::from_size_align(64, SPLIT_MAX_SMALL_ALIGN).unwrap()));
+/// assert!(a.is_mkl(Layout::from_size_align(64, 2 * SPLIT_MAX_SMALL_ALIGN).unwrap()));
+/// ```
+pub const SPLIT_MAX_SMALL_ALIGN: usize = 16;
+
+/// The default threshold of [`MklSplitAllocator`]: layouts of at least this
+/// many bytes go to MKL.
+///
+/// Chosen from measurements on the development machine (2-core Xeon, glibc;
+/// `cargo run --release --example split_threshold` reproduces them): at
+/// alignment 8, one alloc + free costs the system allocator about 9 ns up to
+/// 1 KiB and 30 ns above, MKL 40-70 ns at every size; a live block costs
+/// about 24 B of bookkeeping with the system allocator and 124 B with MKL.
+/// Below 4 KiB, MKL's extra 100 B per block is 2.5 % (at 4 KiB) to 40 %
+/// (at 256 B) of the block and its extra ~35 ns per call is a large part of
+/// what a program does with a small object; from 4 KiB (512 `f64`s, the
+/// size from which 64-byte alignment matters to vectorised code) both are
+/// small next to filling the block once, and numeric buffers stay MKL's. On
+/// the allocation-heavy workload of `examples/perf.rs` the split allocator
+/// with this threshold runs within a few per cent of `System` in time and
+/// peak RSS, where pure MKL is about 1.5x slower and 2.5x larger.
+///
+/// ```
+/// use core::alloc::Layout;
+/// use mkl_alloc::{DEFAULT_SPLIT_THRESHOLD, MklSplitAllocator};
+///
+/// assert_eq!(DEFAULT_SPLIT_THRESHOLD, 4096);
+/// let a: MklSplitAllocator = MklSplitAllocator; // THRESHOLD = DEFAULT_SPLIT_THRESHOLD
+/// let below = Layout::from_size_align(DEFAULT_SPLIT_THRESHOLD - 1, 8).unwrap();
+/// let at = Layout::from_size_align(DEFAULT_SPLIT_THRESHOLD, 8).unwrap();
+/// assert!(!a.is_mkl(below) && a.is_mkl(at));
+/// ```
+pub const DEFAULT_SPLIT_THRESHOLD: usize = 4096;
+
+/// A size-split allocator: layouts smaller than `THRESHOLD` bytes with an
+/// alignment of at most 16 ([`SPLIT_MAX_SMALL_ALIGN`]) are served by
+/// [`std::alloc::System`]; every other layout is served by MKL exactly as
+/// [`MklAllocator`] serves it (aligned to `max(64, align)`).
+///
+/// `THRESHOLD` defaults to [`DEFAULT_SPLIT_THRESHOLD`] (4 KiB). The
+/// allocator is a zero-sized handle; which allocator owns a block is decided
+/// from its layout alone, so freeing and resizing route correctly without
+/// any bookkeeping. A resize that crosses the threshold moves the block to
+/// the other allocator and keeps its contents. Zero-sized layouts
+/// (allocator-api2) reach neither allocator.
+///
+/// As the whole program's allocator:
+///
+/// ```
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// #[global_allocator]
+/// static GLOBAL: MklSplitAllocator = MklSplitAllocator;
+///
+/// // A large buffer: MKL's, aligned to 64 bytes.
+/// let big = vec![0.0f64; 1 << 16];
+/// assert_eq!(big.as_ptr() as usize % 64, 0);
+/// // Small objects: the system allocator's.
+/// let words: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+/// assert_eq!(words[42], "42");
+/// ```
+///
+/// With another threshold, and for chosen collections through allocator-api2:
+///
+/// ```
+/// use allocator_api2::vec::Vec;
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// type Split64K = MklSplitAllocator<65536>;
+/// let mut v: Vec<f64, Split64K> = Vec::new_in(MklSplitAllocator);
+/// v.extend((0..100_000).map(f64::from)); // grows from System into MKL
+/// assert_eq!(v.as_ptr() as usize % 64, 0);
+/// assert_eq!(v[99_999], 99_999.0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MklSplitAllocator<const THRESHOLD: usize = DEFAULT_SPLIT_THRESHOLD>;
+
+impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
+    /// The threshold in bytes: layouts at least this large go to MKL.
+    ///
+    /// ```
+    /// use mkl_alloc::MklSplitAllocator;
+    ///
+    /// assert_eq!(MklSplitAllocator::<4096>::THRESHOLD, 4096);
+    /// assert_eq!(<MklSplitAllocator>::THRESHOLD, mkl_alloc::DEFAULT_SPLIT_THRESHOLD);
+    /// ```
+    pub const THRESHOLD: usize = THRESHOLD;
+
+    /// Whether a block of `layout` is (or would be) served by MKL rather
+    /// than the system allocator. Zero-sized layouts report what their size
+    /// and alignment say, but are never passed to either allocator.
+    ///
+    /// ```
+    /// use core::alloc::Layout;
+    /// use mkl_alloc::MklSplitAllocator;
+    ///
+    /// let a = MklSplitAllocator::<4096>;
+    /// assert!(!a.is_mkl(Layout::from_size_align(4095, 16).unwrap()));
+    /// assert!(a.is_mkl(Layout::from_size_align(4096, 8).unwrap()));
+    /// assert!(a.is_mkl(Layout::from_size_align(8, 32).unwrap()));
+    /// ```
+    #[inline(always)]
+    pub const fn is_mkl(&self, layout: Layout) -> bool {
+        is_mkl::<THRESHOLD>(layout)
+    }
+}
+
+#[inline(always)]
+const fn is_mkl<const THRESHOLD: usize>(layout: Layout) -> bool {
+    layout.size() >= THRESHOLD || layout.align() > SPLIT_MAX_SMALL_ALIGN
+}
+
+/// Moves a block between the two allocators: allocate `new` from the other
+/// one (through `alloc_new`), copy `min(old, new)` bytes, free the old block
+/// (through `free_old`). On failure returns null with the old block intact.
+///
+/// # Safety
+/// `ptr` is a live block of `old_size` bytes that `free_old` may free;
+/// `alloc_new` returns null or a live block of at least `new_size` bytes.
+#[inline(always)]
+unsafe fn move_block(
+    ptr: *mut u8,
+    old_size: usize,
+    new_size: usize,
+    alloc_new: impl FnOnce() -> *mut u8,
+    free_old: impl FnOnce(*mut u8),
+) -> *mut u8 {
+    let fresh = alloc_new();
+    if !fresh.is_null() {
+        // SAFETY: both blocks are live, distinct (the new one was allocated
+        // while the old one is still live) and hold at least
+        // min(old_size, new_size) bytes.
+        unsafe { ptr::copy_nonoverlapping(ptr, fresh, old_size.min(new_size)) };
+        free_old(ptr);
+    }
+    fresh
+}
+
+// SAFETY: each block is allocated and freed by the same allocator, because
+// the route is a pure function of the layout and GlobalAlloc's contract hands
+// dealloc/realloc the layout the block was allocated with. System honours
+// every layout it gets (align <= 16); MKL blocks are aligned to
+// max(64, align) or null. A realloc crossing the threshold allocates the new
+// block from the other allocator, copies, and frees the old one only on
+// success, so null always leaves the old block intact.
+unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if is_mkl::<THRESHOLD>(layout) {
+            // SAFETY: layout.size() > 0 (GlobalAlloc's contract); the
+            // alignment of a Layout is a power of two.
+            unsafe { raw_alloc(layout.size(), layout.align()) }
+        } else {
+            // SAFETY: layout.size() > 0 (GlobalAlloc's contract).
+            unsafe { System.alloc(layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if is_mkl::<THRESHOLD>(layout) {
+            // SAFETY: as in alloc.
+            unsafe { raw_alloc_zeroed(layout.size(), layout.align()) }
+        } else {
+            // SAFETY: as in alloc.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if is_mkl::<THRESHOLD>(layout) {
+            // SAFETY: the block was allocated with this layout (caller's
+            // contract), hence by MKL, and is freed once.
+            unsafe { raw_free(ptr) }
+        } else {
+            // SAFETY: the block was allocated with this layout, hence by
+            // System with this same layout.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: new_size > 0 and, rounded up to the alignment, does not
+        // overflow isize (GlobalAlloc::realloc's contract).
+        let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+        match (is_mkl::<THRESHOLD>(layout), is_mkl::<THRESHOLD>(new)) {
+            // SAFETY: a live MKL block aligned to max(64, layout.align())
+            // (caller's contract and the route); new_size > 0.
+            (true, true) => unsafe { raw_realloc(ptr, layout.size(), new_size, layout.align()) },
+            // SAFETY: a live System block of `layout`; new_size > 0.
+            (false, false) => unsafe { System.realloc(ptr, layout, new_size) },
+            // SAFETY: a live MKL block moves to System: `new` is a valid
+            // non-zero layout, the old block is freed once after the copy.
+            (true, false) => unsafe {
+                move_block(
+                    ptr,
+                    layout.size(),
+                    new_size,
+                    || System.alloc(new),
+                    |p| raw_free(p),
+                )
+            },
+            // SAFETY: a live System block moves to MKL: new_size > 0, the old
+            // block is freed with its own layout once after the copy.
+            (false, true) => unsafe {
+                move_block(
+                    ptr,
+                    layout.size(),
+                    new_size,
+                    || raw_alloc(new_size, layout.align()),
+                    |p| System.dealloc(p, layout),
+                )
+            },
+        }
+    }
+}
+
+/// A dangling, aligned, non-null pointer for zero-sized blocks: they never
+/// reach either allocator.
+#[inline(always)]
+fn dangling(align: usize) -> NonNull<[u8]> {
+    NonNull::slice_from_raw_parts(
+        NonNull::new(ptr::without_provenance_mut::<u8>(align)).unwrap_or(NonNull::dangling()),
+        0,
+    )
+}
+
+#[inline(always)]
+fn block(ptr: *mut u8, size: usize) -> Result<NonNull<[u8]>, AllocError> {
+    match NonNull::new(ptr) {
+        Some(p) => Ok(NonNull::slice_from_raw_parts(p, size)),
+        None => Err(AllocError),
+    }
+}
+
+impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
+    /// grow / shrink between two non-zero-sized layouts.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of `old` from this allocator; `new.size() > 0`.
+    #[inline(always)]
+    unsafe fn resize(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        let p = ptr.as_ptr();
+        let moved = match (is_mkl::<THRESHOLD>(old), is_mkl::<THRESHOLD>(new)) {
+            (true, true) => {
+                // MklAllocator's own resize handles a stricter new alignment.
+                // SAFETY: a live, non-zero-sized MKL block of `old`, allocated
+                // exactly as MklAllocator allocates; new.size() > 0.
+                return unsafe {
+                    if new.size() >= old.size() {
+                        MklAllocator.grow(ptr, old, new)
+                    } else {
+                        MklAllocator.shrink(ptr, old, new)
+                    }
+                };
+            }
+            // Both System's: realloc keeps old.align(), enough if new's is
+            // not stricter; otherwise move to a fresh System block.
+            (false, false) if new.align() <= old.align() => {
+                // SAFETY: a live System block of `old`; new.size() > 0.
+                unsafe { System.realloc(p, old, new.size()) }
+            }
+            (false, false) => {
+                // SAFETY: a live System block of `old` moves to a fresh
+                // System block of `new` (non-zero size), freed once after the copy.
+                unsafe {
+                    move_block(
+                        p,
+                        old.size(),
+                        new.size(),
+                        || System.alloc(new),
+                        |q| System.dealloc(q, old),
+                    )
+                }
+            }
+            // SAFETY: a live MKL block moves to System (non-zero `new`),
+            // freed once after the copy.
+            (true, false) => unsafe {
+                move_block(
+                    p,
+                    old.size(),
+                    new.size(),
+                    || System.alloc(new),
+                    |q| raw_free(q),
+                )
+            },
+            // SAFETY: a live System block of `old` moves to MKL (non-zero
+            // size, power-of-two alignment), freed once after the copy.
+            (false, true) => unsafe {
+                move_block(
+                    p,
+                    old.size(),
+                    new.size(),
+                    || raw_alloc(new.size(), new.align()),
+                    |q| System.dealloc(q, old),
+                )
+            },
+        };
+        block(moved, new.size())
+    }
+}
+
+// SAFETY: blocks are valid for their layout until deallocated, which they
+// are only through this allocator, and the allocator that owns a block is a
+// function of its layout (allocator-api2 hands deallocate/grow/shrink a
+// layout that fits the block: same alignment, size between the requested
+// and the returned one, and here the returned size is the requested one).
+// The handle is zero-sized, so every copy is the same allocator; zero-sized
+// layouts never reach System or MKL.
+unsafe impl<const THRESHOLD: usize> Allocator for MklSplitAllocator<THRESHOLD> {
+    #[inline]
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout.align()));
+        }
+        // SAFETY: layout.size() > 0.
+        block(unsafe { GlobalAlloc::alloc(self, layout) }, layout.size())
+    }
+
+    #[inline]
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(dangling(layout.align()));
+        }
+        // SAFETY: layout.size() > 0.
+        block(
+            unsafe { GlobalAlloc::alloc_zeroed(self, layout) },
+            layout.size(),
+        )
+    }
+
+    #[inline]
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() != 0 {
+            // SAFETY: a non-zero-sized block of ours allocated with `layout`
+            // (caller's contract).
+            unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
+        }
+    }
+
+    #[inline]
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old.size() == 0 {
+            return self.allocate(new);
+        }
+        // SAFETY: a live non-empty block of `old`; new.size() >= old.size() > 0.
+        unsafe { self.resize(ptr, old, new) }
+    }
+
+    #[inline]
+    unsafe fn grow_zeroed(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old.size() == 0 {
+            return self.allocate_zeroed(new);
+        }
+        // SAFETY: as in grow.
+        let grown = unsafe { self.resize(ptr, old, new) }?;
+        // SAFETY: the block holds new.size() >= old.size() bytes; only the
+        // tail beyond the old contents is zeroed.
+        unsafe {
+            grown
+                .cast::<u8>()
+                .as_ptr()
+                .add(old.size())
+                .write_bytes(0, new.size() - old.size());
+        }
+        Ok(grown)
+    }
+
+    #[inline]
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        if old.size() == 0 {
+            // Only a zero-sized new layout fits under a zero-sized old one.
+            return Ok(dangling(new.align()));
+        }
+        if new.size() == 0 {
+            // SAFETY: a live block of `old`, not used again.
+            unsafe { self.deallocate(ptr, old) };
+            return Ok(dangling(new.align()));
+        }
+        // SAFETY: a live non-empty block of `old`; old.size() >= new.size() > 0.
+        unsafe { self.resize(ptr, old, new) }
+    }
+}
