@@ -187,8 +187,34 @@ unsafe impl GlobalAlloc for MklAllocator {
     }
 }
 
+/// The three block operations an allocator-api2 [`Allocator`] is assembled
+/// from by the `api_*` functions below: [`MklAllocator`] and
+/// `MklSplitAllocator` differ only in these, so the zero-size, grow-zeroed
+/// and error rules of the `Allocator` trait are written once.
+pub(crate) trait Blocks {
+    /// A block of `layout` (zeroed if `zeroed`), or null.
+    ///
+    /// # Safety
+    /// `layout.size() > 0`.
+    unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8;
+
+    /// Frees a block.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of `layout` (non-zero size) from this allocator.
+    unsafe fn free_block(&self, ptr: *mut u8, layout: Layout);
+
+    /// The block of `old` as a block of `new`, its first
+    /// `min(old.size(), new.size())` bytes kept; null on failure, the old block
+    /// then intact.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of `old` from this allocator; both sizes > 0.
+    unsafe fn resize_block(&self, ptr: *mut u8, old: Layout, new: Layout) -> *mut u8;
+}
+
 /// A dangling, aligned, non-null pointer for zero-sized blocks: they never
-/// reach MKL.
+/// reach an allocator.
 #[inline(always)]
 fn dangling(align: usize) -> NonNull<[u8]> {
     // SAFETY: a Layout's alignment is never zero.
@@ -204,75 +230,146 @@ fn block(ptr: *mut u8, size: usize) -> Result<NonNull<[u8]>, AllocError> {
     }
 }
 
-impl MklAllocator {
-    /// grow / shrink: `old` is non-zero-sized, `new` is too.
-    ///
-    /// # Safety
-    /// `ptr` is a live block of `old` from this allocator.
+/// `Allocator::allocate` / `allocate_zeroed`.
+#[inline(always)]
+pub(crate) fn api_allocate<B: Blocks>(
+    b: &B,
+    layout: Layout,
+    zeroed: bool,
+) -> Result<NonNull<[u8]>, AllocError> {
+    if layout.size() == 0 {
+        return Ok(dangling(layout.align()));
+    }
+    // SAFETY: layout.size() > 0.
+    block(unsafe { b.alloc_block(layout, zeroed) }, layout.size())
+}
+
+/// `Allocator::deallocate`.
+///
+/// # Safety
+/// `Allocator::deallocate`'s contract.
+#[inline(always)]
+pub(crate) unsafe fn api_deallocate<B: Blocks>(b: &B, ptr: NonNull<u8>, layout: Layout) {
+    if layout.size() != 0 {
+        // SAFETY: a live non-zero-sized block of `layout` (caller's contract).
+        unsafe { b.free_block(ptr.as_ptr(), layout) }
+    }
+}
+
+/// `Allocator::grow` / `grow_zeroed` (which zeroes only the new tail).
+///
+/// # Safety
+/// `Allocator::grow`'s contract.
+#[inline(always)]
+pub(crate) unsafe fn api_grow<B: Blocks>(
+    b: &B,
+    ptr: NonNull<u8>,
+    old: Layout,
+    new: Layout,
+    zeroed: bool,
+) -> Result<NonNull<[u8]>, AllocError> {
+    if old.size() == 0 {
+        return api_allocate(b, new, zeroed);
+    }
+    // SAFETY: a live non-empty block of `old`; new.size() >= old.size() > 0.
+    let grown = block(
+        unsafe { b.resize_block(ptr.as_ptr(), old, new) },
+        new.size(),
+    )?;
+    if zeroed {
+        // SAFETY: the block holds new.size() >= old.size() bytes; only the
+        // tail beyond the old contents is zeroed.
+        unsafe {
+            let tail = grown.cast::<u8>().as_ptr().add(old.size());
+            tail.write_bytes(0, new.size() - old.size());
+        }
+    }
+    Ok(grown)
+}
+
+/// `Allocator::shrink`.
+///
+/// # Safety
+/// `Allocator::shrink`'s contract.
+#[inline(always)]
+pub(crate) unsafe fn api_shrink<B: Blocks>(
+    b: &B,
+    ptr: NonNull<u8>,
+    old: Layout,
+    new: Layout,
+) -> Result<NonNull<[u8]>, AllocError> {
+    if new.size() == 0 {
+        // SAFETY: a live block of `old`, not used again.
+        unsafe { api_deallocate(b, ptr, old) };
+        return Ok(dangling(new.align()));
+    }
+    // SAFETY: a live block of `old`; old.size() >= new.size() > 0.
+    block(
+        unsafe { b.resize_block(ptr.as_ptr(), old, new) },
+        new.size(),
+    )
+}
+
+impl Blocks for MklAllocator {
     #[inline(always)]
-    unsafe fn resize(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
+    unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        // SAFETY: layout.size() > 0 (trait contract); a Layout's alignment
+        // is a power of two.
+        unsafe {
+            if zeroed {
+                raw_alloc_zeroed(layout.size(), layout.align())
+            } else {
+                raw_alloc(layout.size(), layout.align())
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn free_block(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: a live MKL block (trait contract), freed once.
+        unsafe { raw_free(ptr) }
+    }
+
+    #[inline(always)]
+    unsafe fn resize_block(&self, ptr: *mut u8, old: Layout, new: Layout) -> *mut u8 {
         if new.align() <= old.align().max(MIN_ALIGN) {
-            // SAFETY: the block is aligned to max(64, old.align()) ≥ new.align().
-            let p = unsafe { raw_realloc(ptr.as_ptr(), old.size(), new.size(), new.align()) };
-            return block(p, new.size());
+            // SAFETY: the block is aligned to max(64, old.align()) >= new.align().
+            return unsafe { raw_realloc(ptr, old.size(), new.size(), new.align()) };
         }
         // A stricter alignment than the block has: MKL_realloc would keep the
         // old one, so move by hand (what MKL_realloc does anyway: it always moves).
         // SAFETY: new.size() > 0, power-of-two alignment.
-        let fresh = block(unsafe { raw_alloc(new.size(), new.align()) }, new.size())?;
-        // SAFETY: distinct live blocks, each at least min(old, new) bytes; the
-        // old one is freed once and not used again.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                ptr.as_ptr(),
-                fresh.cast::<u8>().as_ptr(),
-                old.size().min(new.size()),
-            );
-            raw_free(ptr.as_ptr());
+        let fresh = unsafe { raw_alloc(new.size(), new.align()) };
+        if !fresh.is_null() {
+            // SAFETY: distinct live blocks, each at least min(old, new) bytes;
+            // the old one is freed once and not used again.
+            unsafe {
+                ptr::copy_nonoverlapping(ptr, fresh, old.size().min(new.size()));
+                raw_free(ptr);
+            }
         }
-        Ok(fresh)
+        fresh
     }
 }
 
 // SAFETY: blocks are valid for their layout until deallocated, which they
 // are only through this allocator; the handle is zero-sized so every copy of
-// it is the same allocator; zero-sized layouts never reach MKL.
+// it is the same allocator; zero-sized layouts never reach MKL (api_*).
 unsafe impl Allocator for MklAllocator {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout.align()));
-        }
-        // SAFETY: size > 0, power-of-two alignment.
-        block(
-            unsafe { raw_alloc(layout.size(), layout.align()) },
-            layout.size(),
-        )
+        api_allocate(self, layout, false)
     }
 
     #[inline]
     fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout.align()));
-        }
-        // SAFETY: size > 0, power-of-two alignment.
-        block(
-            unsafe { raw_alloc_zeroed(layout.size(), layout.align()) },
-            layout.size(),
-        )
+        api_allocate(self, layout, true)
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 {
-            // SAFETY: a non-zero-sized block of ours (caller's contract).
-            unsafe { raw_free(ptr.as_ptr()) }
-        }
+        // SAFETY: forwarded contract.
+        unsafe { api_deallocate(self, ptr, layout) }
     }
 
     #[inline]
@@ -282,11 +379,8 @@ unsafe impl Allocator for MklAllocator {
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        if old.size() == 0 {
-            return self.allocate(new);
-        }
-        // SAFETY: live non-empty block of `old`; new.size() ≥ old.size() > 0.
-        unsafe { self.resize(ptr, old, new) }
+        // SAFETY: forwarded contract.
+        unsafe { api_grow(self, ptr, old, new, false) }
     }
 
     #[inline]
@@ -296,21 +390,8 @@ unsafe impl Allocator for MklAllocator {
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        if old.size() == 0 {
-            return self.allocate_zeroed(new);
-        }
-        // SAFETY: as in grow.
-        let grown = unsafe { self.resize(ptr, old, new) }?;
-        // SAFETY: the block holds new.size() ≥ old.size() bytes; only the
-        // tail beyond the old contents is zeroed.
-        unsafe {
-            grown
-                .cast::<u8>()
-                .as_ptr()
-                .add(old.size())
-                .write_bytes(0, new.size() - old.size());
-        }
-        Ok(grown)
+        // SAFETY: forwarded contract.
+        unsafe { api_grow(self, ptr, old, new, true) }
     }
 
     #[inline]
@@ -320,12 +401,7 @@ unsafe impl Allocator for MklAllocator {
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        if new.size() == 0 {
-            // SAFETY: live block of `old`, not used again.
-            unsafe { self.deallocate(ptr, old) };
-            return Ok(dangling(new.align()));
-        }
-        // SAFETY: live block of `old`, and old.size() ≥ new.size() > 0.
-        unsafe { self.resize(ptr, old, new) }
+        // SAFETY: forwarded contract.
+        unsafe { api_shrink(self, ptr, old, new) }
     }
 }

@@ -19,7 +19,10 @@ use std::alloc::System;
 use allocator_api2::alloc::{AllocError, Allocator};
 
 use crate::MklAllocator;
-use crate::allocator::{raw_alloc, raw_alloc_zeroed, raw_free, raw_realloc};
+use crate::allocator::{
+    Blocks, api_allocate, api_deallocate, api_grow, api_shrink, raw_alloc, raw_alloc_zeroed,
+    raw_free,
+};
 
 /// The largest alignment a layout may ask for and still be served by the
 /// system allocator: what glibc's `malloc` gives every block on 64-bit
@@ -218,101 +221,54 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
         // SAFETY: new_size > 0 and, rounded up to the alignment, does not
         // overflow isize (GlobalAlloc::realloc's contract).
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        match (is_mkl::<THRESHOLD>(layout), is_mkl::<THRESHOLD>(new)) {
-            // SAFETY: a live MKL block aligned to max(64, layout.align())
-            // (caller's contract and the route); new_size > 0.
-            (true, true) => unsafe { raw_realloc(ptr, layout.size(), new_size, layout.align()) },
-            // SAFETY: a live System block of `layout`; new_size > 0.
-            (false, false) => unsafe { System.realloc(ptr, layout, new_size) },
-            // SAFETY: a live MKL block moves to System: `new` is a valid
-            // non-zero layout, the old block is freed once after the copy.
-            (true, false) => unsafe {
-                move_block(
-                    ptr,
-                    layout.size(),
-                    new_size,
-                    || System.alloc(new),
-                    |p| raw_free(p),
-                )
-            },
-            // SAFETY: a live System block moves to MKL: new_size > 0, the old
-            // block is freed with its own layout once after the copy.
-            (false, true) => unsafe {
-                move_block(
-                    ptr,
-                    layout.size(),
-                    new_size,
-                    || raw_alloc(new_size, layout.align()),
-                    |p| System.dealloc(p, layout),
-                )
-            },
+        // SAFETY: a live block of `layout` from this allocator; both sizes > 0.
+        unsafe { self.resize_block(ptr, layout, new) }
+    }
+}
+
+impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
+    #[inline(always)]
+    unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        // SAFETY: layout.size() > 0 (trait contract).
+        unsafe {
+            if zeroed {
+                GlobalAlloc::alloc_zeroed(self, layout)
+            } else {
+                GlobalAlloc::alloc(self, layout)
+            }
         }
     }
-}
 
-/// A dangling, aligned, non-null pointer for zero-sized blocks: they never
-/// reach either allocator.
-#[inline(always)]
-fn dangling(align: usize) -> NonNull<[u8]> {
-    NonNull::slice_from_raw_parts(
-        NonNull::new(ptr::without_provenance_mut::<u8>(align)).unwrap_or(NonNull::dangling()),
-        0,
-    )
-}
-
-#[inline(always)]
-fn block(ptr: *mut u8, size: usize) -> Result<NonNull<[u8]>, AllocError> {
-    match NonNull::new(ptr) {
-        Some(p) => Ok(NonNull::slice_from_raw_parts(p, size)),
-        None => Err(AllocError),
-    }
-}
-
-impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
-    /// grow / shrink between two non-zero-sized layouts.
-    ///
-    /// # Safety
-    /// `ptr` is a live block of `old` from this allocator; `new.size() > 0`.
     #[inline(always)]
-    unsafe fn resize(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        let p = ptr.as_ptr();
-        let moved = match (is_mkl::<THRESHOLD>(old), is_mkl::<THRESHOLD>(new)) {
-            (true, true) => {
-                // MklAllocator's own resize handles a stricter new alignment.
-                // SAFETY: a live, non-zero-sized MKL block of `old`, allocated
-                // exactly as MklAllocator allocates; new.size() > 0.
-                return unsafe {
-                    if new.size() >= old.size() {
-                        MklAllocator.grow(ptr, old, new)
-                    } else {
-                        MklAllocator.shrink(ptr, old, new)
-                    }
-                };
-            }
+    unsafe fn free_block(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: a live block of `layout` from this allocator (trait contract).
+        unsafe { GlobalAlloc::dealloc(self, ptr, layout) }
+    }
+
+    #[inline(always)]
+    unsafe fn resize_block(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
+        match (is_mkl::<THRESHOLD>(old), is_mkl::<THRESHOLD>(new)) {
+            // SAFETY: a live, non-zero-sized MKL block of `old`, allocated
+            // exactly as MklAllocator allocates (which also handles a
+            // stricter new alignment); new.size() > 0.
+            (true, true) => unsafe { MklAllocator.resize_block(p, old, new) },
             // Both System's: realloc keeps old.align(), enough if new's is
             // not stricter; otherwise move to a fresh System block.
             (false, false) if new.align() <= old.align() => {
                 // SAFETY: a live System block of `old`; new.size() > 0.
                 unsafe { System.realloc(p, old, new.size()) }
             }
-            (false, false) => {
-                // SAFETY: a live System block of `old` moves to a fresh
-                // System block of `new` (non-zero size), freed once after the copy.
-                unsafe {
-                    move_block(
-                        p,
-                        old.size(),
-                        new.size(),
-                        || System.alloc(new),
-                        |q| System.dealloc(q, old),
-                    )
-                }
-            }
+            // SAFETY: a live System block of `old` moves to a fresh System
+            // block of `new` (non-zero size), freed once after the copy.
+            (false, false) => unsafe {
+                move_block(
+                    p,
+                    old.size(),
+                    new.size(),
+                    || System.alloc(new),
+                    |q| System.dealloc(q, old),
+                )
+            },
             // SAFETY: a live MKL block moves to System (non-zero `new`),
             // freed once after the copy.
             (true, false) => unsafe {
@@ -335,8 +291,7 @@ impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
                     |q| System.dealloc(q, old),
                 )
             },
-        };
-        block(moved, new.size())
+        }
     }
 }
 
@@ -346,36 +301,22 @@ impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
 // layout that fits the block: same alignment, size between the requested
 // and the returned one, and here the returned size is the requested one).
 // The handle is zero-sized, so every copy is the same allocator; zero-sized
-// layouts never reach System or MKL.
+// layouts never reach System or MKL (api_*).
 unsafe impl<const THRESHOLD: usize> Allocator for MklSplitAllocator<THRESHOLD> {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout.align()));
-        }
-        // SAFETY: layout.size() > 0.
-        block(unsafe { GlobalAlloc::alloc(self, layout) }, layout.size())
+        api_allocate(self, layout, false)
     }
 
     #[inline]
     fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        if layout.size() == 0 {
-            return Ok(dangling(layout.align()));
-        }
-        // SAFETY: layout.size() > 0.
-        block(
-            unsafe { GlobalAlloc::alloc_zeroed(self, layout) },
-            layout.size(),
-        )
+        api_allocate(self, layout, true)
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 {
-            // SAFETY: a non-zero-sized block of ours allocated with `layout`
-            // (caller's contract).
-            unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
-        }
+        // SAFETY: forwarded contract.
+        unsafe { api_deallocate(self, ptr, layout) }
     }
 
     #[inline]
@@ -385,11 +326,8 @@ unsafe impl<const THRESHOLD: usize> Allocator for MklSplitAllocator<THRESHOLD> {
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        if old.size() == 0 {
-            return self.allocate(new);
-        }
-        // SAFETY: a live non-empty block of `old`; new.size() >= old.size() > 0.
-        unsafe { self.resize(ptr, old, new) }
+        // SAFETY: forwarded contract.
+        unsafe { api_grow(self, ptr, old, new, false) }
     }
 
     #[inline]
@@ -399,21 +337,8 @@ unsafe impl<const THRESHOLD: usize> Allocator for MklSplitAllocator<THRESHOLD> {
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        if old.size() == 0 {
-            return self.allocate_zeroed(new);
-        }
-        // SAFETY: as in grow.
-        let grown = unsafe { self.resize(ptr, old, new) }?;
-        // SAFETY: the block holds new.size() >= old.size() bytes; only the
-        // tail beyond the old contents is zeroed.
-        unsafe {
-            grown
-                .cast::<u8>()
-                .as_ptr()
-                .add(old.size())
-                .write_bytes(0, new.size() - old.size());
-        }
-        Ok(grown)
+        // SAFETY: forwarded contract.
+        unsafe { api_grow(self, ptr, old, new, true) }
     }
 
     #[inline]
@@ -423,16 +348,7 @@ unsafe impl<const THRESHOLD: usize> Allocator for MklSplitAllocator<THRESHOLD> {
         old: Layout,
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
-        if old.size() == 0 {
-            // Only a zero-sized new layout fits under a zero-sized old one.
-            return Ok(dangling(new.align()));
-        }
-        if new.size() == 0 {
-            // SAFETY: a live block of `old`, not used again.
-            unsafe { self.deallocate(ptr, old) };
-            return Ok(dangling(new.align()));
-        }
-        // SAFETY: a live non-empty block of `old`; old.size() >= new.size() > 0.
-        unsafe { self.resize(ptr, old, new) }
+        // SAFETY: forwarded contract.
+        unsafe { api_shrink(self, ptr, old, new) }
     }
 }
