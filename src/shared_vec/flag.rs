@@ -20,38 +20,44 @@
 //! capacity cell (and the elements); views only read them. Nothing waits:
 //! every conflict is reported at once and the caller decides whether to retry.
 //!
-//! * **Take a view**: a compare-exchange loop from the observed count to
-//!   count + 1 (`Acquire` on success). It refuses, without writing, when the
-//!   word has EXCLUSIVE set (`Busy`) or the count is already `MAX_VIEWS`
-//!   (`TooManyViews`), so the count can never run into the EXCLUSIVE bit and
-//!   the word always holds exactly the live views. The view increments
-//!   *before* it reads the pointer and length.
+//! * **Take a view**: `fetch_add(1, Acquire)`, atomic_refcell's scheme: one
+//!   uncontended RMW, like `Arc::clone`. If the word had EXCLUSIVE set the
+//!   view is refused (`Busy`) and its increment is *left behind*: backing it
+//!   out could land after the holder's release and wrap 0 into EXCLUSIVE.
+//!   The holder's release wipes such stray increments, and every reader of
+//!   the count masks them while EXCLUSIVE is set, so `view_count()` and
+//!   `Exported { views }` only ever report live views. If the count was
+//!   already `MAX_VIEWS` the view is refused (`TooManyViews`) and backs its
+//!   increment out: safe there, because while that increment is in the word
+//!   no exclusive claim can succeed. A live count therefore never exceeds
+//!   `MAX_VIEWS` plus the threads caught between those two instructions, far
+//!   below EXCLUSIVE; strays could reach it only after 2^63 refusals during
+//!   one exclusive hold. The view increments *before* it reads the pointer
+//!   and length.
 //! * **Drop a view**: `fetch_sub(1, Release)`.
 //! * **Claim exclusively** (resize, mutable view): `compare_exchange(0,
 //!   EXCLUSIVE, Acquire, Relaxed)`; it fails while any view or holder exists.
-//! * **Release the claim**: `store(0, Release)`. While EXCLUSIVE is set nobody
-//!   else writes the word (every other operation on it fails without
-//!   writing), so a plain store is enough.
+//! * **Release the claim**: `swap(0, Release)`, which also wipes the strays.
+//!   A plain `store(0, Release)` is equally correct under the Rust/C++
+//!   memory model, and costs the same here (once per resize), but loom 0.7
+//!   does not model a plain store racing RMWs faithfully (tokio-rs/loom#254:
+//!   with the store the models fail on executions the memory model forbids).
+//!   With `swap` every write to the word is an RMW, which loom does model,
+//!   so the protocol loom checks is the one that ships.
 //!
 //! The orderings are justified once, at each operation below. The loom
 //! models in `loom_tests/` check them, and check that weakening them to
 //! `Relaxed`, or replacing the claim by a load-then-store, is caught.
 //!
-//! ## Why a compare-exchange loop rather than `fetch_add`
-//!
-//! atomic_refcell takes a shared borrow with one `fetch_add(1, Acquire)` and,
-//! when it finds the exclusive bit, leaves that increment behind for the
-//! holder's release store to wipe. It is sound under the C++/Rust model, and
-//! measured here it is a little cheaper (a view taken and dropped,
-//! uncontended: about 0.83x an `Arc::clone` + drop, against 0.95-0.99x for
-//! the loop, best of 9 rounds on the shared 2-core machine: about 3 ns of
-//! roughly 20). But loom 0.7 does
-//! not model read-modify-write atomicity against a concurrent plain store
-//! (tokio-rs/loom#254, fix unmerged): with stray increments racing the
-//! release store it explores executions the memory model forbids and fails
-//! the model (the word ends at EXCLUSIVE + strays). A protocol the model
-//! checker cannot check is not "proved with loom", and the loop also keeps
-//! `view_count()` exact with no masking. So: the loop.
+//! A compare-exchange loop for views (refusing without writing, so no
+//! strays) is the other known sound design. Measured with
+//! `cargo run --release --example perf -- views` (2 threads taking and
+//! dropping views of one buffer, ratio to `Arc::clone` + drop on the same
+//! machine in the same run): the loop 1.8x, since failed compare-exchanges
+//! retry; `fetch_add` 1.0-1.6x while the word shared a cache line with the
+//! pointer and length each view reads next, and 0.89-1.03x once the word got
+//! a line of its own (`BorrowFlag` is 64-byte aligned). Uncontended, all
+//! of them cost about what `Arc` does. So: `fetch_add`, on its own line.
 
 use super::SharedVecError;
 use crate::sync::{AtomicUsize, Ordering};
@@ -59,9 +65,10 @@ use crate::sync::{AtomicUsize, Ordering};
 /// The exclusive bit: the word's top bit.
 pub(crate) const EXCLUSIVE: usize = 1 << (usize::BITS - 1);
 
-/// The most views that may be alive at once: every count below EXCLUSIVE.
+/// The most views that may be alive at once. Far below EXCLUSIVE so that
+/// transient over-increments by refused views (module docs) never reach it.
 #[cfg(not(loom))]
-pub(crate) const MAX_VIEWS: usize = EXCLUSIVE - 1;
+pub(crate) const MAX_VIEWS: usize = EXCLUSIVE >> 1;
 /// Tiny under loom so that the models explore the refusal at the limit.
 #[cfg(loom)]
 pub(crate) const MAX_VIEWS: usize = 2;
@@ -82,7 +89,12 @@ pub enum Mutant {
 }
 
 /// The state word. See the module documentation for the encoding.
+///
+/// Alone on its cache line: every view writes the word, and the pointer and
+/// length it then reads (and the mirrors) would otherwise share that
+/// contended line.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct BorrowFlag {
     state: AtomicUsize,
     #[cfg(loom)]
@@ -117,31 +129,22 @@ impl BorrowFlag {
     /// elements until it calls [`release_view`](Self::release_view).
     #[inline]
     pub(crate) fn try_view(&self) -> Result<(), SharedVecError> {
-        // Relaxed: only a first guess at the count; the compare-exchange
-        // below checks it and is what synchronises.
-        let mut state = self.state.load(Ordering::Relaxed);
-        loop {
-            if state & EXCLUSIVE != 0 {
-                return Err(SharedVecError::Busy);
-            }
-            if state >= MAX_VIEWS {
-                return Err(SharedVecError::TooManyViews { max: MAX_VIEWS });
-            }
-            // Acquire on success: pairs with the Release of the last
-            // exclusive holder's store of 0 (and of every RMW after it, its
-            // release sequence), so the pointer, length and elements that
-            // holder wrote are visible to the reads this view makes next.
-            // Relaxed on failure: we only retry with the value found.
-            match self.state.compare_exchange_weak(
-                state,
-                state + 1,
-                self.ord(Ordering::Acquire),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(actual) => state = actual,
-            }
+        // Acquire: pairs with the Release of the last exclusive holder's
+        // swap of 0 (and of every RMW after it, its release sequence), so
+        // the pointer, length and elements that holder wrote are visible to
+        // the reads this view makes next.
+        let prev = self.state.fetch_add(1, self.ord(Ordering::Acquire));
+        if prev & EXCLUSIVE != 0 {
+            // A stray increment, wiped by the holder's release (module docs).
+            return Err(SharedVecError::Busy);
         }
+        if prev >= MAX_VIEWS {
+            // Relaxed: this increment published nothing and read nothing;
+            // as an RMW it still continues the release sequences in the word.
+            self.state.fetch_sub(1, Ordering::Relaxed);
+            return Err(SharedVecError::TooManyViews { max: MAX_VIEWS });
+        }
+        Ok(())
     }
 
     /// Unregisters a view taken with [`try_view`](Self::try_view).
@@ -162,7 +165,7 @@ impl BorrowFlag {
             return self.try_claim_check_then_act();
         }
         // Acquire on success: pairs with the Release of every view's
-        // fetch_sub and of the previous holder's store of 0, so all their
+        // fetch_sub and of the previous holder's swap of 0, so all their
         // accesses happen-before our writes (no view still reads what we
         // are about to free). Relaxed on failure: we only report the value.
         match self.state.compare_exchange(
@@ -192,8 +195,8 @@ impl BorrowFlag {
     pub(crate) fn release_exclusive(&self) {
         // Release: our writes to the cell and the elements happen-before
         // whoever next reads this 0 (or an RMW after it) with Acquire, view
-        // or claimer.
-        self.state.store(0, self.ord(Ordering::Release));
+        // or claimer. A swap, not a store: see the module docs.
+        self.state.swap(0, self.ord(Ordering::Release));
     }
 
     /// Live views right now (0 while the buffer is exclusively held).
@@ -217,10 +220,15 @@ impl BorrowFlag {
     }
 }
 
-/// Live views encoded in `state` (none while EXCLUSIVE is set).
+/// Live views encoded in `state`: strays masked while EXCLUSIVE is set, and
+/// a refused acquirer's transient over-increment not counted.
 #[inline]
 fn live_views(state: usize) -> usize {
-    if state & EXCLUSIVE != 0 { 0 } else { state }
+    if state & EXCLUSIVE != 0 {
+        0
+    } else {
+        state.min(MAX_VIEWS)
+    }
 }
 
 /// Why an exclusive claim failed, given the word it found.
