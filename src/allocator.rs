@@ -8,7 +8,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::{c_int, c_void};
 use core::ptr::{self, NonNull};
 
-use allocator_api2::alloc::{AllocError, Allocator};
+use allocator_api2::alloc::AllocError;
 
 use crate::ffi;
 
@@ -187,11 +187,19 @@ unsafe impl GlobalAlloc for MklAllocator {
     }
 }
 
-/// The three block operations an allocator-api2 [`Allocator`] is assembled
-/// from by the `api_*` functions below: [`MklAllocator`] and
-/// `MklSplitAllocator` differ only in these, so the zero-size, grow-zeroed
-/// and error rules of the `Allocator` trait are written once.
-pub(crate) trait Blocks {
+/// The three block operations an allocator-api2
+/// [`Allocator`](allocator_api2::alloc::Allocator) is assembled
+/// from by the `api_*` functions below and [`allocator_via_blocks!`]:
+/// [`MklAllocator`] and `MklSplitAllocator` differ only in these, so the
+/// zero-size, grow-zeroed and error rules of the `Allocator` trait are
+/// written once.
+///
+/// # Safety
+/// An implementor promises what `Allocator` needs of a block: one returned
+/// by `alloc_block` / `resize_block` fits its layout (size, alignment) and
+/// stays valid until it is passed to `free_block` or `resize_block`; every
+/// copy of the implementor is the same allocator.
+pub(crate) unsafe trait Blocks {
     /// A block of `layout` (zeroed if `zeroed`), or null.
     ///
     /// # Safety
@@ -310,7 +318,10 @@ pub(crate) unsafe fn api_shrink<B: Blocks>(
     )
 }
 
-impl Blocks for MklAllocator {
+// SAFETY: MKL blocks are aligned to max(64, align) (raw_* functions), hold
+// at least the layout's size, and live until MKL_free / MKL_realloc; the
+// handle is zero-sized, so every copy is the same allocator.
+unsafe impl Blocks for MklAllocator {
     #[inline(always)]
     unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         // SAFETY: layout.size() > 0 (trait contract); a Layout's alignment
@@ -352,56 +363,72 @@ impl Blocks for MklAllocator {
     }
 }
 
-// SAFETY: blocks are valid for their layout until deallocated, which they
-// are only through this allocator; the handle is zero-sized so every copy of
-// it is the same allocator; zero-sized layouts never reach MKL (api_*).
-unsafe impl Allocator for MklAllocator {
-    #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        api_allocate(self, layout, false)
-    }
+/// Implements allocator-api2's `Allocator` for a type implementing
+/// [`Blocks`], forwarding each method to the `api_*` functions.
+macro_rules! allocator_via_blocks {
+    ([$($generics:tt)*] $ty:ty) => {
+        // SAFETY: the `unsafe impl Blocks` for this type promises valid,
+        // fitting blocks from one allocator; the api_* functions add
+        // Allocator's remaining rules (zero-sized layouts never reach it,
+        // grow_zeroed zeroes the tail, failure leaves the old block intact).
+        unsafe impl<$($generics)*> allocator_api2::alloc::Allocator for $ty {
+            #[inline]
+            fn allocate(
+                &self,
+                layout: core::alloc::Layout,
+            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+                $crate::allocator::api_allocate(self, layout, false)
+            }
 
-    #[inline]
-    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        api_allocate(self, layout, true)
-    }
+            #[inline]
+            fn allocate_zeroed(
+                &self,
+                layout: core::alloc::Layout,
+            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+                $crate::allocator::api_allocate(self, layout, true)
+            }
 
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded contract.
-        unsafe { api_deallocate(self, ptr, layout) }
-    }
+            #[inline]
+            unsafe fn deallocate(&self, ptr: core::ptr::NonNull<u8>, layout: core::alloc::Layout) {
+                // SAFETY: the caller's deallocate contract, forwarded.
+                unsafe { $crate::allocator::api_deallocate(self, ptr, layout) }
+            }
 
-    #[inline]
-    unsafe fn grow(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        unsafe { api_grow(self, ptr, old, new, false) }
-    }
+            #[inline]
+            unsafe fn grow(
+                &self,
+                ptr: core::ptr::NonNull<u8>,
+                old: core::alloc::Layout,
+                new: core::alloc::Layout,
+            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+                // SAFETY: the caller's grow contract, forwarded.
+                unsafe { $crate::allocator::api_grow(self, ptr, old, new, false) }
+            }
 
-    #[inline]
-    unsafe fn grow_zeroed(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        unsafe { api_grow(self, ptr, old, new, true) }
-    }
+            #[inline]
+            unsafe fn grow_zeroed(
+                &self,
+                ptr: core::ptr::NonNull<u8>,
+                old: core::alloc::Layout,
+                new: core::alloc::Layout,
+            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+                // SAFETY: the caller's grow contract, forwarded.
+                unsafe { $crate::allocator::api_grow(self, ptr, old, new, true) }
+            }
 
-    #[inline]
-    unsafe fn shrink(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        unsafe { api_shrink(self, ptr, old, new) }
-    }
+            #[inline]
+            unsafe fn shrink(
+                &self,
+                ptr: core::ptr::NonNull<u8>,
+                old: core::alloc::Layout,
+                new: core::alloc::Layout,
+            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+                // SAFETY: the caller's shrink contract, forwarded.
+                unsafe { $crate::allocator::api_shrink(self, ptr, old, new) }
+            }
+        }
+    };
 }
+pub(crate) use allocator_via_blocks;
+
+allocator_via_blocks!([] MklAllocator);

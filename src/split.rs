@@ -13,16 +13,11 @@
 //! 64 bytes.
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::ptr::{self, NonNull};
+use core::ptr;
 use std::alloc::System;
 
-use allocator_api2::alloc::{AllocError, Allocator};
-
 use crate::MklAllocator;
-use crate::allocator::{
-    Blocks, api_allocate, api_deallocate, api_grow, api_shrink, raw_alloc, raw_alloc_zeroed,
-    raw_free,
-};
+use crate::allocator::{Blocks, allocator_via_blocks, raw_alloc, raw_alloc_zeroed, raw_free};
 
 /// The largest alignment a layout may ask for and still be served by the
 /// system allocator: what glibc's `malloc` gives every block on 64-bit
@@ -226,7 +221,13 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
     }
 }
 
-impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
+// SAFETY: each block is allocated, resized and freed by the allocator its
+// layout routes to (a pure function of the layout; allocator-api2 hands back
+// a layout that fits the block, and the size returned is the size asked);
+// System honours layouts with align <= 16, MKL blocks are aligned to
+// max(64, align); a block moving across the threshold is copied and the old
+// one freed only once the new one exists. The handle is zero-sized.
+unsafe impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
     #[inline(always)]
     unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         // SAFETY: layout.size() > 0 (trait contract).
@@ -295,60 +296,4 @@ impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
     }
 }
 
-// SAFETY: blocks are valid for their layout until deallocated, which they
-// are only through this allocator, and the allocator that owns a block is a
-// function of its layout (allocator-api2 hands deallocate/grow/shrink a
-// layout that fits the block: same alignment, size between the requested
-// and the returned one, and here the returned size is the requested one).
-// The handle is zero-sized, so every copy is the same allocator; zero-sized
-// layouts never reach System or MKL (api_*).
-unsafe impl<const THRESHOLD: usize> Allocator for MklSplitAllocator<THRESHOLD> {
-    #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        api_allocate(self, layout, false)
-    }
-
-    #[inline]
-    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        api_allocate(self, layout, true)
-    }
-
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded contract.
-        unsafe { api_deallocate(self, ptr, layout) }
-    }
-
-    #[inline]
-    unsafe fn grow(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        unsafe { api_grow(self, ptr, old, new, false) }
-    }
-
-    #[inline]
-    unsafe fn grow_zeroed(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        unsafe { api_grow(self, ptr, old, new, true) }
-    }
-
-    #[inline]
-    unsafe fn shrink(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        unsafe { api_shrink(self, ptr, old, new) }
-    }
-}
+allocator_via_blocks!([const THRESHOLD: usize] MklSplitAllocator<THRESHOLD>);
