@@ -357,23 +357,28 @@ impl<T: Copy> SharedMklVec<T> {
     ) -> Result<R, SharedVecError> {
         self.flag.try_claim()?;
         let _claim = Claim(&self.flag);
-        let align = self.block_align();
-        self.raw.with_mut(|raw| {
-            // SAFETY: the exclusive claim keeps every view and every other
-            // writer away from the cell until `_claim` is dropped.
-            let raw = unsafe { &mut *raw };
-            let result = f(raw, align);
-            self.publish(raw);
-            result
-        })
+        // SAFETY: the exclusive claim keeps every view and every other
+        // writer away from the cell until `_claim` is dropped.
+        unsafe { self.write_raw(f) }
     }
 
     /// Runs `f` on the cell through `&mut self`: no atomic protocol needed.
     fn exclusive_mut<R>(&mut self, f: impl FnOnce(&mut RawBuf<T>, usize) -> R) -> R {
+        // SAFETY: `&mut self` proves no view, guard or other reference to
+        // the vector exists.
+        unsafe { self.write_raw(f) }
+    }
+
+    /// Runs `f` on the cell, then publishes the mirrors.
+    ///
+    /// # Safety
+    /// Nothing else reads or writes the cell meanwhile (an exclusive claim or
+    /// `&mut self`).
+    #[inline]
+    unsafe fn write_raw<R>(&self, f: impl FnOnce(&mut RawBuf<T>, usize) -> R) -> R {
         let align = self.block_align();
         self.raw.with_mut(|raw| {
-            // SAFETY: `&mut self` proves no view, guard or other reference
-            // to the vector exists.
+            // SAFETY: exclusive access to the cell (the caller's contract).
             let raw = unsafe { &mut *raw };
             let result = f(raw, align);
             self.publish(raw);
