@@ -11,6 +11,7 @@
 //! Default runs are short (10 samples, 1 s); `MKL_ALLOC_BENCH_LONG=1` runs
 //! criterion's defaults and the 10^8 growth.
 
+mod config;
 #[path = "support/mod.rs"]
 mod support;
 
@@ -18,13 +19,10 @@ use core::alloc::Layout;
 use std::hint::black_box;
 use std::time::Duration;
 
+use config::{criterion, long};
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 use mkl_alloc::{MklAllocator, MklSplitAllocator};
 use support::*;
-
-fn long() -> bool {
-    std::env::var_os("MKL_ALLOC_BENCH_LONG").is_some()
-}
 
 fn alloc_free_group(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc_free");
@@ -100,14 +98,7 @@ fn hashbrown_group(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    if long() {
-        Criterion::default()
-    } else {
-        Criterion::default()
-            .sample_size(10)
-            .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_secs(1))
-    }
+    criterion(Duration::from_millis(300), Duration::from_secs(1))
 }
 
 criterion_group! {

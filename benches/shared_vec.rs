@@ -4,6 +4,7 @@
 //! `Vec::push`. Short by default; `MKL_ALLOC_BENCH_LONG=1` for criterion's
 //! defaults.
 
+mod config;
 #[path = "support/mod.rs"]
 mod support;
 
@@ -57,14 +58,7 @@ fn push_group(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    if std::env::var_os("MKL_ALLOC_BENCH_LONG").is_some() {
-        Criterion::default()
-    } else {
-        Criterion::default()
-            .sample_size(10)
-            .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_secs(1))
-    }
+    config::criterion(Duration::from_millis(300), Duration::from_secs(1))
 }
 
 criterion_group! {

@@ -17,9 +17,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, criterion_group, criterion_main};
 
-fn long() -> bool {
-    std::env::var_os("MKL_ALLOC_BENCH_LONG").is_some()
-}
+mod config;
+use config::{criterion, long};
 
 fn binary(name: &str) -> Option<PathBuf> {
     // target/<profile>/deps/workload-<hash> -> target/<profile>/examples/
@@ -78,14 +77,8 @@ fn workload_group(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    if long() {
-        Criterion::default().sample_size(10)
-    } else {
-        Criterion::default()
-            .sample_size(10)
-            .warm_up_time(Duration::from_millis(200))
-            .measurement_time(Duration::from_secs(2))
-    }
+    // Whole programs: 10 samples even in a long run.
+    criterion(Duration::from_millis(200), Duration::from_secs(2)).sample_size(10)
 }
 
 criterion_group! {
