@@ -10,7 +10,6 @@
 //!   that were already live are not in it.
 
 use core::alloc::Layout;
-use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 
@@ -217,49 +216,5 @@ fn set_mcdram_limit_is_accepted() {
     check_filled(&v, 8);
 }
 
-const CHILD_ENV: &str = "MKL_ALLOC_MANAGER_TEST_CHILD";
-
-/// `disable_fast_mm` cannot be undone, so it runs in a child process (this
-/// binary, re-run with an environment variable and this test's name).
-#[test]
-fn disable_fast_mm_in_a_fresh_process() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        // The child: nothing allocated through MKL yet.
-        assert!(
-            manager::disable_fast_mm(),
-            "MKL reports the fast MM disabled"
-        );
-        let before = manager::stats();
-        let v = filled(1 << 20, 10);
-        assert_eq!(
-            manager::stats().buffers,
-            before.buffers + 1,
-            "still counted"
-        );
-        check_filled(&v, 10);
-        drop(v);
-        assert_eq!(manager::stats(), before);
-        return;
-    }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "disable_fast_mm_in_a_fresh_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, "1")
-        .output()
-        .expect("re-run this test binary");
-    assert!(
-        out.status.success(),
-        "child failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "the child did not run the test: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
+// disable_fast_mm changes the whole process: its tests run in child
+// processes, in tests/fast_mm.rs.
