@@ -59,7 +59,7 @@ fn every_power_of_two_alignment_is_honoured_across_reallocs() {
         assert_eq!(v.alignment(), align);
         assert_eq!(v.as_ptr() as usize % align, 0, "align {align}");
         v.try_extend_from_slice(&[7; 5]).unwrap();
-        v.try_reserve(1000).unwrap(); // moves the block (MKL_realloc always does)
+        v.try_reserve(1000).unwrap(); // a growth MKL_realloc serves by moving
         assert_eq!(v.as_ptr() as usize % align, 0, "align {align} after grow");
         v.try_shrink_to_fit().unwrap();
         assert_eq!(v.as_ptr() as usize % align, 0, "align {align} after shrink");
