@@ -281,9 +281,9 @@ mod tests {
     trait AmbiguousIfCopyOrClone<A> {
         fn check() {}
     }
-    impl<T: ?Sized> AmbiguousIfCopyOrClone<()> for T {}
-    impl<T: ?Sized + Copy> AmbiguousIfCopyOrClone<u8> for T {}
-    impl<T: ?Sized + Clone> AmbiguousIfCopyOrClone<u16> for T {}
+    impl<T> AmbiguousIfCopyOrClone<()> for T {}
+    impl<T: Copy> AmbiguousIfCopyOrClone<u8> for T {}
+    impl<T: Clone> AmbiguousIfCopyOrClone<u16> for T {}
 
     #[test]
     fn raw_buf_owns_its_block() {
