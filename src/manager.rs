@@ -47,7 +47,10 @@ pub fn stats() -> MemStats {
 ///
 /// MKL's peak is relative: it counts the growth of MKL's allocated bytes
 /// from this moment, starting at 0. Blocks already live are not counted, and
-/// freeing them lowers the running total below 0 (reported as 0).
+/// freeing them lowers the running total below 0 (reported as 0). Avoid
+/// that: after such a free MKL's peak was measured to stay wrong for the
+/// rest of the process (an 8 MiB block allocated and freed afterwards read
+/// as a peak of 0, also after disabling, re-enabling and resetting).
 ///
 /// ```
 /// use mkl_alloc::manager;
