@@ -45,7 +45,8 @@ pub(crate) use raw::RawBuf;
 ///   nothing. A size that overflows (the current length plus the growth,
 ///   past `isize::MAX` bytes) is refused with
 ///   [`CapacityOverflow`](SharedVecError::CapacityOverflow) before the state
-///   is even looked at, so also while views or a mutable view are alive. If MKL cannot provide the memory the result is
+///   is even looked at, so also while views or a mutable view are alive.
+///   If MKL cannot provide the memory the result is
 ///   [`AllocFailed`](SharedVecError::AllocFailed) and pointer, length,
 ///   capacity and contents are exactly as before.
 /// * **With `&mut self`** the borrow checker already proves exclusivity:
@@ -188,10 +189,12 @@ impl<T: Copy> SharedMklVec<T> {
     /// resize runs concurrently (in particular while any view or mutable
     /// view is alive, since those keep resizes out, and the mirror was
     /// stored before the claim that wrote it was released). If a resize does
-    /// run concurrently, the mirror holds the length from just before or
-    /// just after it, and the verdict is the right one for that length, as
-    /// [`len`](Self::len) is. Either way this check can only refuse early:
-    /// the resize itself checks again, exactly, under its claim.
+    /// run concurrently, the mirror still holds a length the buffer had (a
+    /// snapshot, as [`len`](Self::len) says), never a torn or invented one,
+    /// and the verdict is the right one for that length: the call behaves as
+    /// if it had run at that moment. Either way this check can only refuse
+    /// early, never let an overflow through: the resize itself checks again,
+    /// exactly, under its claim.
     #[inline]
     fn check_growth(&self, additional: usize) -> Result<(), SharedVecError> {
         let required = self
