@@ -64,8 +64,8 @@ fn contents(v: &SharedMklVec<u32>) -> Vec<u32> {
 /// Model of loom test 1, also run against the mutants.
 fn view_vs_resize(mutant: Mutant) {
     assert_explored(exhaustive(move || {
-        // Capacity 2, so the push reallocates (MKL_realloc always moves the
-        // block and frees the old one).
+        // Capacity 2, so the push reallocates (MKL_realloc may move the
+        // block and free the old one; a view must never see that).
         let v = Arc::new(SharedMklVec::from_slice(&[1u32, 2]).with_mutant(mutant));
         let reader = {
             let v = Arc::clone(&v);

@@ -7,6 +7,7 @@
 //! own routines alike.
 
 use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::ffi;
 
@@ -46,7 +47,10 @@ pub fn stats() -> MemStats {
 ///
 /// MKL's peak is relative: it counts the growth of MKL's allocated bytes
 /// from this moment, starting at 0. Blocks already live are not counted, and
-/// freeing them lowers the running total below 0 (reported as 0).
+/// freeing them lowers the running total below 0 (reported as 0). Avoid
+/// that: after such a free MKL's peak was measured to stay wrong for the
+/// rest of the process (an 8 MiB block allocated and freed afterwards read
+/// as a peak of 0, also after disabling, re-enabling and resetting).
 ///
 /// ```
 /// use mkl_alloc::manager;
@@ -141,15 +145,73 @@ pub fn thread_free_buffers() {
 /// Turns MKL's caching ("fast") memory manager off for the rest of the
 /// process (`MKL_Disable_Fast_MM`): every later MKL block is a plain heap
 /// block, freed at once. Same as running with `MKL_DISABLE_FAST_MM=1`.
-/// Call it before MKL allocates anything (it cannot be turned back on).
-/// Returns whether MKL reports the manager as now disabled.
+/// It cannot be turned back on, and it must come before MKL allocates
+/// anything.
+///
+/// Returns MKL's answer, which is *not* "is the manager off now". Measured
+/// with oneMKL 2026.2, each case in a fresh process (`tests/fast_mm.rs`):
+///
+/// | Call | Returns |
+/// |---|---|
+/// | the first call, before any MKL allocation (`MKL_Mem_Stat` does not count) | `true`: the manager is off from now on |
+/// | the same, with `MKL_DISABLE_FAST_MM=1` in the environment | `true` |
+/// | any later call, after a first call returned `true` | `false`, although the manager stays off |
+/// | a first call after MKL has allocated a block | `false`: too late, MKL's documentation calls it a failure and the manager stays as it was |
+///
+/// So `true` means "this call turned the manager off", and `false` means
+/// "this call changed nothing", for either reason. [`fast_mm_disabled`]
+/// remembers a `true`.
 ///
 /// ```no_run
-/// mkl_alloc::manager::disable_fast_mm();
+/// use mkl_alloc::manager;
+///
+/// // First thing in main, before any MKL block exists:
+/// assert!(manager::disable_fast_mm());
+/// assert!(!manager::disable_fast_mm()); // already off: nothing to change
+/// assert!(manager::fast_mm_disabled());
 /// ```
 pub fn disable_fast_mm() -> bool {
     // SAFETY: no arguments; only changes how later blocks are served.
-    unsafe { ffi::MKL_Disable_Fast_MM() != 0 }
+    let turned_off = unsafe { ffi::MKL_Disable_Fast_MM() } != 0;
+    if turned_off {
+        // Relaxed: a record, read by fast_mm_disabled; MKL's own state
+        // needs no ordering from us.
+        DISABLED_HERE.store(true, Ordering::Relaxed);
+    }
+    turned_off
+}
+
+/// Set once a call of [`disable_fast_mm`] was answered with 1.
+static DISABLED_HERE: AtomicBool = AtomicBool::new(false);
+
+/// Whether MKL's fast memory manager is known to be off in this process:
+/// `true` if a call of [`disable_fast_mm`] returned `true` earlier, or if
+/// the environment variable `MKL_DISABLE_FAST_MM` is set (to anything but
+/// the empty string) right now.
+///
+/// What it can see, and what it cannot: MKL offers no query of its own, and
+/// the manager's state has no effect this crate could observe (blocks from
+/// `MKL_malloc` went to and from libc's heap identically with the manager on
+/// and off, measured with oneMKL 2026.2). So this function reports only
+/// what this crate knows: its own successful call, and the variable as the
+/// process environment holds it now. It does not see a call made directly
+/// through [`ffi::MKL_Disable_Fast_MM`] or by other code linked into the
+/// process, nor whether MKL read the variable before it was set or changed
+/// (MKL reads it itself, when it initialises), nor which values MKL honours
+/// (its documentation names `1`). A `false` therefore means "not known to
+/// be off", not "on".
+///
+/// ```
+/// use mkl_alloc::manager;
+///
+/// let known_off = manager::fast_mm_disabled();
+/// if std::env::var_os("MKL_DISABLE_FAST_MM").is_some_and(|v| !v.is_empty()) {
+///     assert!(known_off);
+/// }
+/// ```
+pub fn fast_mm_disabled() -> bool {
+    DISABLED_HERE.load(Ordering::Relaxed)
+        || std::env::var_os("MKL_DISABLE_FAST_MM").is_some_and(|v| !v.is_empty())
 }
 
 /// Why [`set_mcdram_limit`] failed.

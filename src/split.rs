@@ -226,7 +226,9 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
 // a layout that fits the block, and the size returned is the size asked);
 // System honours layouts with align <= 16, MKL blocks are aligned to
 // max(64, align); a block moving across the threshold is copied and the old
-// one freed only once the new one exists. The handle is zero-sized.
+// one freed only once the new one exists. A System block is handed to System
+// with the very layout System allocated it with (`resize_split` reallocates
+// in place only at an unchanged alignment). The handle is zero-sized.
 unsafe impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
     #[inline(always)]
     unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
@@ -248,52 +250,165 @@ unsafe impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
 
     #[inline(always)]
     unsafe fn resize_block(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
-        match (is_mkl::<THRESHOLD>(old), is_mkl::<THRESHOLD>(new)) {
-            // SAFETY: a live, non-zero-sized MKL block of `old`, allocated
-            // exactly as MklAllocator allocates (which also handles a
-            // stricter new alignment); new.size() > 0.
-            (true, true) => unsafe { MklAllocator.resize_block(p, old, new) },
-            // Both System's: realloc keeps old.align(), enough if new's is
-            // not stricter; otherwise move to a fresh System block.
-            (false, false) if new.align() <= old.align() => {
-                // SAFETY: a live System block of `old`; new.size() > 0.
-                unsafe { System.realloc(p, old, new.size()) }
-            }
-            // SAFETY: a live System block of `old` moves to a fresh System
-            // block of `new` (non-zero size), freed once after the copy.
-            (false, false) => unsafe {
-                move_block(
-                    p,
-                    old.size(),
-                    new.size(),
-                    || System.alloc(new),
-                    |q| System.dealloc(q, old),
-                )
-            },
-            // SAFETY: a live MKL block moves to System (non-zero `new`),
-            // freed once after the copy.
-            (true, false) => unsafe {
-                move_block(
-                    p,
-                    old.size(),
-                    new.size(),
-                    || System.alloc(new),
-                    |q| raw_free(q),
-                )
-            },
-            // SAFETY: a live System block of `old` moves to MKL (non-zero
-            // size, power-of-two alignment), freed once after the copy.
-            (false, true) => unsafe {
-                move_block(
-                    p,
-                    old.size(),
-                    new.size(),
-                    || raw_alloc(new.size(), new.align()),
-                    |q| System.dealloc(q, old),
-                )
-            },
+        // SAFETY: the trait's contract, forwarded; small blocks are System's.
+        unsafe { resize_split::<THRESHOLD, System>(&System, p, old, new) }
+    }
+}
+
+/// [`MklSplitAllocator`]'s resize, with the allocator of small blocks as a
+/// parameter (`System` in the allocator; a layout-checking wrapper around
+/// it in the unit tests below).
+///
+/// Every small block is freed with the layout it was allocated with:
+/// `GlobalAlloc::realloc` keeps the old alignment, so it is used only when
+/// the new layout has the same alignment (the block is then exactly a block
+/// of `new`); any other change of alignment moves the block to a fresh one
+/// allocated with `new`.
+///
+/// # Safety
+/// `p` is a live block of `old` from the split allocator whose small blocks
+/// come from `small`; both sizes > 0.
+#[inline(always)]
+unsafe fn resize_split<const THRESHOLD: usize, S: GlobalAlloc>(
+    small: &S,
+    p: *mut u8,
+    old: Layout,
+    new: Layout,
+) -> *mut u8 {
+    match (is_mkl::<THRESHOLD>(old), is_mkl::<THRESHOLD>(new)) {
+        // SAFETY: a live, non-zero-sized MKL block of `old`, allocated
+        // exactly as MklAllocator allocates (which also handles a stricter
+        // new alignment); new.size() > 0.
+        (true, true) => unsafe { MklAllocator.resize_block(p, old, new) },
+        // Both small, same alignment: realloc gives a block of
+        // (new.size(), old.align()) = `new`, the layout it is later freed with.
+        (false, false) if new.align() == old.align() => {
+            // SAFETY: a live `small` block of `old`; new.size() > 0.
+            unsafe { small.realloc(p, old, new.size()) }
         }
+        // Both small, another alignment (stricter, or looser: freeing a
+        // realloc'd block with the looser `new` would break GlobalAlloc's
+        // same-layout rule): move to a fresh block of `new`.
+        // SAFETY: a live `small` block of `old` moves to a fresh block of
+        // `new` (non-zero size), freed once with `old` after the copy.
+        (false, false) => unsafe {
+            move_block(
+                p,
+                old.size(),
+                new.size(),
+                || small.alloc(new),
+                |q| small.dealloc(q, old),
+            )
+        },
+        // SAFETY: a live MKL block moves to `small` (non-zero `new`), freed
+        // once after the copy.
+        (true, false) => unsafe {
+            move_block(
+                p,
+                old.size(),
+                new.size(),
+                || small.alloc(new),
+                |q| raw_free(q),
+            )
+        },
+        // SAFETY: a live `small` block of `old` moves to MKL (non-zero
+        // size, power-of-two alignment), freed once with `old` after the copy.
+        (false, true) => unsafe {
+            move_block(
+                p,
+                old.size(),
+                new.size(),
+                || raw_alloc(new.size(), new.align()),
+                |q| small.dealloc(q, old),
+            )
+        },
     }
 }
 
 allocator_impls!([const THRESHOLD: usize] MklSplitAllocator<THRESHOLD>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// `System`, checking GlobalAlloc's rule that a block is freed (or
+    /// reallocated) with the layout it was allocated with. `realloc` is the
+    /// trait's default (alloc, copy, dealloc), so a reallocated block is
+    /// recorded with the layout `realloc` really gives it: the new size at
+    /// the *old* alignment.
+    struct LayoutChecked {
+        live: Mutex<HashMap<usize, Layout>>,
+    }
+
+    impl LayoutChecked {
+        fn new() -> Self {
+            Self {
+                live: Mutex::new(HashMap::new()),
+            }
+        }
+
+        fn live_blocks(&self) -> usize {
+            self.live.lock().unwrap().len()
+        }
+    }
+
+    // SAFETY: forwards to System; the map only records and checks layouts.
+    unsafe impl GlobalAlloc for LayoutChecked {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's alloc contract, forwarded.
+            let p = unsafe { System.alloc(layout) };
+            if !p.is_null() {
+                self.live.lock().unwrap().insert(p as usize, layout);
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            let recorded = self.live.lock().unwrap().remove(&(ptr as usize));
+            assert_eq!(
+                recorded,
+                Some(layout),
+                "block {ptr:?} freed with {layout:?}, allocated with {recorded:?}"
+            );
+            // SAFETY: a live System block of this very layout (checked).
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    /// A small block resized to a smaller alignment (and to the same, and a
+    /// stricter one) is freed, at the end, with the layout it was
+    /// allocated with, and keeps its contents.
+    #[test]
+    fn small_blocks_keep_their_layout_through_a_change_of_alignment() {
+        const T: usize = DEFAULT_SPLIT_THRESHOLD;
+        let small = LayoutChecked::new();
+        let l = |size, align| Layout::from_size_align(size, align).unwrap();
+        for (old, new) in [
+            (l(64, 16), l(32, 8)),  // shrink, looser alignment
+            (l(64, 16), l(128, 1)), // grow, looser alignment
+            (l(64, 8), l(100, 8)),  // same alignment: realloc
+            (l(64, 4), l(48, 16)),  // stricter alignment
+        ] {
+            // SAFETY: old.size() > 0; the block is written within its size,
+            // resized as a live block of `old`, and freed once with `new`,
+            // the layout the split allocator's caller would hand back.
+            unsafe {
+                let p = small.alloc(old);
+                assert!(!p.is_null());
+                for i in 0..old.size() {
+                    p.add(i).write(i as u8);
+                }
+                let q = resize_split::<T, _>(&small, p, old, new);
+                assert!(!q.is_null());
+                assert_eq!(q as usize % new.align(), 0, "{old:?} -> {new:?}");
+                for i in 0..old.size().min(new.size()) {
+                    assert_eq!(q.add(i).read(), i as u8, "{old:?} -> {new:?}");
+                }
+                small.dealloc(q, new);
+            }
+        }
+        assert_eq!(small.live_blocks(), 0);
+    }
+}

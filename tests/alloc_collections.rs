@@ -217,3 +217,37 @@ fn zero_sized_layouts_never_reach_mkl() {
     }
     assert_eq!(manager::stats(), before, "shrink to zero did not free");
 }
+
+/// What `MKL_realloc` does with the address, as `src/allocator.rs` and the
+/// README state it (oneMKL 2026.2; `examples/realloc_in_place.rs` prints
+/// more sizes): a shrink keeps the block, a growth within the block MKL
+/// already holds keeps it, a growth beyond it moves the block.
+#[test]
+fn realloc_keeps_the_address_on_shrink_and_moves_on_real_growth() {
+    use core::alloc::GlobalAlloc;
+    let _g = serial();
+    let l = |size| Layout::from_size_align(size, 64).unwrap();
+    // SAFETY: every block is a live MklAllocator block of the layout passed
+    // with it, written within its size, and freed once.
+    unsafe {
+        let p = MklAllocator.alloc(l(100_000));
+        assert!(!p.is_null());
+        p.write_bytes(0xA5, 100_000);
+        let q = MklAllocator.realloc(p, l(100_000), 1_000);
+        assert_eq!(q, p, "a shrink keeps the address");
+        let r = MklAllocator.realloc(q, l(1_000), 2_000);
+        assert_eq!(r, q, "growing back within the held block keeps it");
+        assert!((0..1_000).all(|i| *r.add(i) == 0xA5));
+        MklAllocator.dealloc(r, l(2_000));
+
+        for (from, to) in [(1_000, 2_000), (1 << 20, 1 << 21)] {
+            let p = MklAllocator.alloc(l(from));
+            assert!(!p.is_null());
+            p.write_bytes(0x5A, from);
+            let q = MklAllocator.realloc(p, l(from), to);
+            assert_ne!(q, p, "{from} -> {to} B moves the block");
+            assert!((0..from).all(|i| *q.add(i) == 0x5A));
+            MklAllocator.dealloc(q, l(to));
+        }
+    }
+}

@@ -59,7 +59,7 @@ fn every_power_of_two_alignment_is_honoured_across_reallocs() {
         assert_eq!(v.alignment(), align);
         assert_eq!(v.as_ptr() as usize % align, 0, "align {align}");
         v.try_extend_from_slice(&[7; 5]).unwrap();
-        v.try_reserve(1000).unwrap(); // moves the block (MKL_realloc always does)
+        v.try_reserve(1000).unwrap(); // a growth MKL_realloc serves by moving
         assert_eq!(v.as_ptr() as usize % align, 0, "align {align} after grow");
         v.try_shrink_to_fit().unwrap();
         assert_eq!(v.as_ptr() as usize % align, 0, "align {align} after shrink");
@@ -309,6 +309,110 @@ fn size_is_validated_before_state() {
     assert_eq!(
         SharedMklVec::<u64>::with_alignment(over, 64).unwrap_err(),
         SharedVecError::CapacityOverflow
+    );
+}
+
+/// Issue 11, item 1: an overflow that needs the current length to be seen
+/// (`len + additional`) is still reported as `CapacityOverflow`, not as the
+/// state's `Exported` / `Busy`, by every `try_` method that grows.
+#[test]
+fn overflow_with_the_length_is_reported_before_views_and_mutable_views() {
+    let overflow = Err(SharedVecError::CapacityOverflow);
+    // The review's case: 10 bytes, then isize::MAX more.
+    let v = SharedMklVec::from_slice(&[7u8; 10]);
+    let past = isize::MAX as usize;
+    assert!(
+        past.checked_add(10).is_some(),
+        "overflows only with the length"
+    );
+    let check = |what: &str| {
+        assert_eq!(v.try_reserve(past), overflow, "try_reserve, {what}");
+        assert_eq!(
+            v.try_reserve_exact(past),
+            overflow,
+            "try_reserve_exact, {what}"
+        );
+        assert_eq!(v.try_resize(past + 1, 0), overflow, "try_resize, {what}");
+    };
+    check("no view");
+    {
+        let _view = v.view().unwrap();
+        check("one view");
+        let _second = v.view().unwrap();
+        check("two views");
+        // A size that fits is refused for the state, as before.
+        assert_eq!(v.try_reserve(1), Err(SharedVecError::Exported { views: 2 }));
+    }
+    {
+        let _m = v.try_view_mut().unwrap();
+        check("a mutable view");
+        assert_eq!(v.try_reserve(1), Err(SharedVecError::Busy));
+    }
+    assert_eq!(contents(&v), [7; 10]);
+
+    // Zero-sized elements: the length itself can reach usize::MAX, so push
+    // and extend can overflow too.
+    let z = SharedMklVec::<()>::new();
+    z.try_resize(usize::MAX, ()).unwrap();
+    let check_zst = |what: &str| {
+        assert_eq!(z.try_push(()), overflow, "try_push, {what}");
+        assert_eq!(
+            z.try_extend_from_slice(&[()]),
+            overflow,
+            "try_extend_from_slice, {what}"
+        );
+        assert_eq!(z.try_reserve(1), overflow, "try_reserve, {what}");
+        assert_eq!(
+            z.try_reserve_exact(1),
+            overflow,
+            "try_reserve_exact, {what}"
+        );
+    };
+    check_zst("no view");
+    {
+        let _view = z.view().unwrap();
+        check_zst("one view");
+    }
+    {
+        let _m = z.try_view_mut().unwrap();
+        check_zst("a mutable view");
+    }
+    assert_eq!(z.len(), usize::MAX);
+    // Below the limit the state decides again.
+    z.try_truncate(usize::MAX - 1).unwrap();
+    let view = z.view().unwrap();
+    assert_eq!(z.try_push(()), Err(SharedVecError::Exported { views: 1 }));
+    drop(view);
+    z.try_push(()).unwrap();
+    assert_eq!(z.len(), usize::MAX);
+}
+
+/// Issue 11, item 2: the view limit the README's failure table quotes is
+/// the one the code enforces.
+#[test]
+fn the_readme_quotes_the_view_limit_the_code_enforces() {
+    let max = SharedMklVec::<u8>::MAX_VIEWS;
+    assert_eq!(max, 1 << (usize::BITS - 2));
+    let readme = include_str!("../README.md");
+    let row = readme
+        .lines()
+        .find(|l| l.contains("TooManyViews"))
+        .expect("the README's failure table has a TooManyViews row");
+    let quoted = format!("(2^{} on 64-bit targets)", max.trailing_zeros());
+    if usize::BITS == 64 {
+        assert!(
+            row.contains(&quoted),
+            "README row {row:?} does not quote {quoted}"
+        );
+    }
+    assert!(
+        row.contains("MAX_VIEWS"),
+        "README row {row:?} does not name the constant"
+    );
+    assert!(
+        SharedVecError::TooManyViews { max }
+            .to_string()
+            .contains(&max.to_string())
     );
 }
 

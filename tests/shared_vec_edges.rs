@@ -330,6 +330,171 @@ fn a_panic_mid_serialisation_releases_the_view() {
     );
 }
 
+// ---------------------------------------------------------------- serde: alignment first
+
+/// An element whose deserialisation panics: proof that no element was read.
+#[cfg(feature = "serde")]
+#[derive(Clone, Copy, Debug)]
+struct Tripwire;
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Tripwire {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        panic!("an element was read although the alignment was bad");
+    }
+}
+
+/// Issue 11, item 6: a bad alignment is rejected as soon as it is read,
+/// before any element is read and before anything is allocated for the data.
+#[cfg(feature = "serde")]
+#[test]
+fn serde_rejects_a_bad_alignment_before_reading_the_data() {
+    let _g = serial();
+    let before = manager::stats();
+    for (doc, align) in [
+        (r#"{"alignment":96,"data":[1,2,3]}"#, 96usize),
+        (r#"{"alignment":2147483648,"data":[1]}"#, 1 << 31),
+        (r#"[96,[1,2,3]]"#, 96),
+        (r#"{"alignment":0,"data":[]}"#, 0),
+    ] {
+        let err = serde_json::from_str::<SharedMklVec<Tripwire>>(doc).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("alignment {align} ")),
+            "{doc}: {err}"
+        );
+    }
+    assert_eq!(
+        manager::stats(),
+        before,
+        "nothing allocated, nothing leaked"
+    );
+}
+
+/// The elements go straight into the MKL block: while the last element is
+/// being read, MKL already holds the block with all the earlier ones (with
+/// a temporary `Vec` it would hold nothing yet).
+#[cfg(feature = "serde")]
+#[test]
+fn serde_reads_the_elements_straight_into_the_mkl_block() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static BLOCKS: AtomicU64 = AtomicU64::new(0);
+    static BYTES: AtomicU64 = AtomicU64::new(0);
+    #[derive(Clone, Copy)]
+    struct Probe(u32);
+    impl<'de> serde::Deserialize<'de> for Probe {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let now = manager::stats();
+            BLOCKS.store(now.buffers, Relaxed);
+            BYTES.store(now.bytes, Relaxed);
+            u32::deserialize(d).map(Probe)
+        }
+    }
+    let _g = serial();
+    let n = 10_000u32;
+    let doc = format!(
+        r#"{{"alignment":4096,"data":[{}]}}"#,
+        (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+    );
+    let before = manager::stats();
+    let v: SharedMklVec<Probe> = serde_json::from_str(&doc).unwrap();
+    assert_eq!(
+        BLOCKS.load(Relaxed),
+        before.buffers + 1,
+        "one MKL block while reading"
+    );
+    assert!(
+        BYTES.load(Relaxed) >= before.bytes + u64::from(n - 1) * 4,
+        "the first {} elements already in MKL memory while the last is read",
+        n - 1
+    );
+    assert_eq!(v.alignment(), 4096);
+    assert_eq!(v.as_ptr() as usize % 4096, 0);
+    assert!(
+        v.view()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, p)| p.0 == i as u32)
+    );
+    drop(v);
+    assert_eq!(manager::stats(), before);
+}
+
+/// `data` before `alignment` (a hand-written document) is still read: the
+/// alignment is then checked when it arrives, and the data moved to it.
+#[cfg(feature = "serde")]
+#[test]
+fn serde_accepts_data_before_alignment_and_checks_it_late() {
+    let _g = serial();
+    let before = manager::stats();
+    let v: SharedMklVec<u16> =
+        serde_json::from_str(r#"{"data":[1,2,3],"alignment":1024}"#).unwrap();
+    assert_eq!((v.alignment(), v.as_ptr() as usize % 1024), (1024, 0));
+    assert_eq!(contents(&v), [1, 2, 3]);
+    let small: SharedMklVec<u16> = serde_json::from_str(r#"{"data":[4],"alignment":8}"#).unwrap();
+    assert_eq!((small.alignment(), contents(&small)), (8, vec![4]));
+    let err =
+        serde_json::from_str::<SharedMklVec<u16>>(r#"{"data":[1,2],"alignment":96}"#).unwrap_err();
+    assert!(err.to_string().contains("alignment 96 "), "{err}");
+    drop((v, small));
+    assert_eq!(manager::stats(), before, "the early block was freed");
+}
+
+/// A format's length hint reserves at most 1 MiB ahead: a sequence that
+/// claims 2^40 elements but holds three gets a small block, not a failed
+/// (or enormous) allocation.
+#[cfg(feature = "serde")]
+#[test]
+fn serde_caps_the_reservation_from_a_length_hint() {
+    use serde::de::value::{Error, SeqAccessDeserializer};
+    use serde::de::{DeserializeSeed, IntoDeserializer, SeqAccess};
+
+    /// Claims 2^40 elements, yields `left` of them.
+    struct Liar(u8);
+    impl<'de> SeqAccess<'de> for Liar {
+        type Error = Error;
+        fn next_element_seed<S: DeserializeSeed<'de>>(
+            &mut self,
+            seed: S,
+        ) -> Result<Option<S::Value>, Error> {
+            if self.0 == 0 {
+                return Ok(None);
+            }
+            self.0 -= 1;
+            seed.deserialize(self.0.into_deserializer()).map(Some)
+        }
+        fn size_hint(&self) -> Option<usize> {
+            Some(1 << 40)
+        }
+    }
+    /// `[alignment, data]` with the lying data sequence.
+    struct Outer(u8);
+    impl<'de> SeqAccess<'de> for Outer {
+        type Error = Error;
+        fn next_element_seed<S: DeserializeSeed<'de>>(
+            &mut self,
+            seed: S,
+        ) -> Result<Option<S::Value>, Error> {
+            self.0 += 1;
+            match self.0 {
+                1 => seed.deserialize(64usize.into_deserializer()).map(Some),
+                2 => seed
+                    .deserialize(SeqAccessDeserializer::new(Liar(3)))
+                    .map(Some),
+                _ => Ok(None),
+            }
+        }
+    }
+    let _g = serial();
+    let before = manager::stats();
+    let v: SharedMklVec<u8> =
+        serde::Deserialize::deserialize(SeqAccessDeserializer::new(Outer(0))).unwrap();
+    assert_eq!(contents(&v), [2, 1, 0]);
+    assert_eq!(v.capacity(), 1 << 20, "reserved 1 MiB ahead, no more");
+    drop(v);
+    assert_eq!(manager::stats(), before);
+}
+
 // ---------------------------------------------------------------- alignment 2^30 / 2^31
 
 /// 128 bytes aligned to 128, so the element's own alignment is above MKL's 64.

@@ -6,9 +6,9 @@
 //! and the alignment. After every step the test checks that
 //!
 //! * the result, including every error variant and its fields, is the one
-//!   the model predicts (`CapacityOverflow` for sizes too large on their own
-//!   first, then `Busy` / `Exported { views }`, then `AllocFailed { bytes,
-//!   align }`);
+//!   the model predicts (`CapacityOverflow` for sizes too large, alone or
+//!   added to the length, first, then `Busy` / `Exported { views }`, then
+//!   `AllocFailed { bytes, align }`);
 //! * `len`, `view_count`, `heap_size` and the `Debug` output agree with the
 //!   model; `capacity >= len`, the capacity follows the documented policy
 //!   (exact for `reserve_exact` / `shrink_to_fit`, geometric like `Vec`
@@ -636,12 +636,15 @@ impl<'a, T: Elem> Case<'a, T> {
                     vec.try_reserve(additional)
                 };
                 let len = self.model.items.len();
-                let (rule, want) = if !Model::<T>::fits(additional) {
+                // Overflow of the length plus the growth comes first, even
+                // while views or a mutable view are alive (issue 11, item 1).
+                let required = len.checked_add(additional);
+                let (rule, want) = if !required.is_some_and(Model::<T>::fits) {
                     (CapRule::Same, Err(SharedVecError::CapacityOverflow))
                 } else if let Some(e) = self.model.claim_refusal() {
                     (CapRule::Same, Err(e))
                 } else {
-                    let required = len + additional; // both ≤ isize::MAX
+                    let required = len + additional; // checked above
                     if required <= self.model.cap {
                         (CapRule::Same, Ok(()))
                     } else if exact {
@@ -649,8 +652,6 @@ impl<'a, T: Elem> Case<'a, T> {
                             CapRule::Exactly(required),
                             self.model.realloc_result(required),
                         )
-                    } else if !Model::<T>::fits(required) {
-                        (CapRule::Same, Err(SharedVecError::CapacityOverflow))
                     } else {
                         self.grow_rule(required)
                     }

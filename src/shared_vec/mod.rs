@@ -9,6 +9,7 @@
 
 mod error;
 mod flag;
+mod raw;
 mod views;
 
 pub use error::SharedVecError;
@@ -20,26 +21,12 @@ pub use views::{ArcView, View, ViewMut};
 use core::alloc::Layout;
 use core::fmt;
 use core::mem::{align_of, size_of};
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 
-use crate::allocator::{MAX_ALIGN, MIN_ALIGN, raw_alloc, raw_alloc_zeroed, raw_free, raw_realloc};
+use crate::allocator::{MAX_ALIGN, MIN_ALIGN};
 use crate::sync::{Arc, AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 use flag::BorrowFlag;
-
-/// Pointer, length and capacity: read by views, written by the exclusive
-/// holder (or through `&mut SharedMklVec`), never otherwise.
-pub(crate) struct RawBuf<T> {
-    ptr: NonNull<T>,
-    len: usize,
-    cap: usize,
-}
-
-impl<T> Clone for RawBuf<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for RawBuf<T> {}
+pub(crate) use raw::RawBuf;
 
 /// A growable buffer of `T` in MKL memory, shareable across threads, whose
 /// counted views make a resize through `&self` safe.
@@ -55,9 +42,11 @@ impl<T> Copy for RawBuf<T> {}
 ///   [`Exported { views }`](SharedVecError::Exported) while views are alive
 ///   (a resize may move the block they read) or [`Busy`](SharedVecError::Busy)
 ///   while another resize or mutable view holds the buffer, and then changes
-///   nothing. A size that overflows on its own is refused with
+///   nothing. A size that overflows (the current length plus the growth,
+///   past `isize::MAX` bytes) is refused with
 ///   [`CapacityOverflow`](SharedVecError::CapacityOverflow) before the state
-///   is even looked at. If MKL cannot provide the memory the result is
+///   is even looked at, so also while views or a mutable view are alive.
+///   If MKL cannot provide the memory the result is
 ///   [`AllocFailed`](SharedVecError::AllocFailed) and pointer, length,
 ///   capacity and contents are exactly as before.
 /// * **With `&mut self`** the borrow checker already proves exclusivity:
@@ -139,173 +128,6 @@ fn or_abort<R>(result: Result<R, SharedVecError>) -> R {
     }
 }
 
-impl<T: Copy> RawBuf<T> {
-    const IS_ZST: bool = size_of::<T>() == 0;
-
-    /// Bytes for `cap` elements, or `CapacityOverflow` past `isize::MAX`.
-    fn bytes_for(cap: usize) -> Result<usize, SharedVecError> {
-        cap.checked_mul(size_of::<T>())
-            .filter(|&bytes| bytes <= isize::MAX as usize)
-            .ok_or(SharedVecError::CapacityOverflow)
-    }
-
-    /// No block: a dangling pointer aligned to `align`, capacity 0 (or
-    /// unbounded for zero-sized `T`, which never needs a block).
-    fn empty(align: usize) -> Self {
-        // SAFETY: align is a power of two, hence non-zero.
-        let ptr = unsafe { NonNull::new_unchecked(ptr::without_provenance_mut::<T>(align)) };
-        let cap = if Self::IS_ZST { usize::MAX } else { 0 };
-        Self { ptr, len: 0, cap }
-    }
-
-    /// A fresh block for `cap` elements (length 0), zeroed if asked.
-    fn allocate(cap: usize, align: usize, zeroed: bool) -> Result<Self, SharedVecError> {
-        let bytes = Self::bytes_for(cap)?;
-        if bytes == 0 {
-            return Ok(Self::empty(align));
-        }
-        // SAFETY: bytes > 0 and align is a power of two.
-        let p = unsafe {
-            if zeroed {
-                raw_alloc_zeroed(bytes, align)
-            } else {
-                raw_alloc(bytes, align)
-            }
-        };
-        match NonNull::new(p.cast::<T>()) {
-            Some(ptr) => Ok(Self { ptr, len: 0, cap }),
-            None => Err(SharedVecError::AllocFailed { bytes, align }),
-        }
-    }
-
-    /// Moves the elements into a block of exactly `new_cap ≥ len` elements.
-    /// On any error nothing has changed (MKL_realloc leaves the old block
-    /// intact when it fails).
-    fn set_capacity(&mut self, new_cap: usize, align: usize) -> Result<(), SharedVecError> {
-        debug_assert!(new_cap >= self.len);
-        if Self::IS_ZST || new_cap == self.cap {
-            return Ok(());
-        }
-        let new_bytes = Self::bytes_for(new_cap)?;
-        if new_bytes == 0 {
-            // SAFETY: cap > 0 (it differs from new_cap = 0), so ptr is a live
-            // MKL block, freed once and replaced at once.
-            unsafe { raw_free(self.ptr.as_ptr().cast()) };
-            *self = Self::empty(align);
-            return Ok(());
-        }
-        let p = if self.cap == 0 {
-            // SAFETY: new_bytes > 0, align a power of two.
-            unsafe { raw_alloc(new_bytes, align) }
-        } else {
-            // SAFETY: ptr is a live MKL block of cap elements allocated at
-            // `align` (every block of this buffer is); new_bytes > 0.
-            unsafe {
-                raw_realloc(
-                    self.ptr.as_ptr().cast(),
-                    self.cap * size_of::<T>(),
-                    new_bytes,
-                    align,
-                )
-            }
-        };
-        let ptr = NonNull::new(p.cast::<T>()).ok_or(SharedVecError::AllocFailed {
-            bytes: new_bytes,
-            align,
-        })?;
-        self.ptr = ptr;
-        self.cap = new_cap;
-        Ok(())
-    }
-
-    /// Room for `additional` more elements, growing geometrically like `Vec`.
-    fn reserve(&mut self, additional: usize, align: usize) -> Result<(), SharedVecError> {
-        let required = self
-            .len
-            .checked_add(additional)
-            .ok_or(SharedVecError::CapacityOverflow)?;
-        if required <= self.cap {
-            return Ok(());
-        }
-        let min_cap = match size_of::<T>() {
-            1 => 8,
-            n if n <= 1024 => 4,
-            _ => 1,
-        };
-        let amortized = required.max(self.cap.saturating_mul(2)).max(min_cap);
-        let new_cap = if Self::bytes_for(amortized).is_ok() {
-            amortized
-        } else {
-            required
-        };
-        self.set_capacity(new_cap, align)
-    }
-
-    /// Room for exactly `additional` more elements.
-    fn reserve_exact(&mut self, additional: usize, align: usize) -> Result<(), SharedVecError> {
-        let required = self
-            .len
-            .checked_add(additional)
-            .ok_or(SharedVecError::CapacityOverflow)?;
-        if required <= self.cap {
-            return Ok(());
-        }
-        self.set_capacity(required, align)
-    }
-
-    fn extend_from_slice(&mut self, items: &[T], align: usize) -> Result<(), SharedVecError> {
-        self.reserve(items.len(), align)?;
-        // SAFETY: the block has room for len + items.len() elements; `items`
-        // cannot overlap the spare capacity (it is borrowed, initialised
-        // memory; the spare part is neither).
-        unsafe {
-            ptr::copy_nonoverlapping(items.as_ptr(), self.ptr.as_ptr().add(self.len), items.len());
-        }
-        self.len += items.len();
-        Ok(())
-    }
-
-    fn push(&mut self, value: T, align: usize) -> Result<(), SharedVecError> {
-        if self.len == self.cap {
-            self.reserve(1, align)?;
-        }
-        // SAFETY: len < cap after the reserve.
-        unsafe { self.ptr.as_ptr().add(self.len).write(value) };
-        self.len += 1;
-        Ok(())
-    }
-
-    fn resize(&mut self, new_len: usize, value: T, align: usize) -> Result<(), SharedVecError> {
-        if new_len > self.len {
-            self.reserve(new_len - self.len, align)?;
-            // Zero-sized values need no writes (and there may be usize::MAX).
-            let filled = if Self::IS_ZST { new_len } else { self.len };
-            for i in filled..new_len {
-                // SAFETY: i < new_len ≤ cap after the reserve.
-                unsafe { self.ptr.as_ptr().add(i).write(value) };
-            }
-        }
-        self.len = new_len;
-        Ok(())
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    fn shrink_to_fit(&mut self, align: usize) -> Result<(), SharedVecError> {
-        self.set_capacity(self.len, align)
-    }
-
-    /// Frees the block, if any.
-    fn free(&mut self) {
-        if !Self::IS_ZST && self.cap != 0 {
-            // SAFETY: a live MKL block, freed once; `self` is being dropped.
-            unsafe { raw_free(self.ptr.as_ptr().cast()) };
-        }
-    }
-}
-
 /// Gives an exclusive claim back, also when the holder panics.
 struct Claim<'a>(&'a BorrowFlag);
 
@@ -319,9 +141,9 @@ impl<T: Copy> SharedMklVec<T> {
     fn from_raw(raw: RawBuf<T>, align: usize) -> Self {
         Self {
             flag: BorrowFlag::new(),
-            seen_ptr: AtomicPtr::new(raw.ptr.as_ptr()),
-            seen_len: AtomicUsize::new(raw.len),
-            seen_cap: AtomicUsize::new(raw.cap),
+            seen_ptr: AtomicPtr::new(raw.ptr().as_ptr()),
+            seen_len: AtomicUsize::new(raw.len()),
+            seen_cap: AtomicUsize::new(raw.cap()),
             raw: UnsafeCell::new(raw),
             align,
         }
@@ -329,11 +151,6 @@ impl<T: Copy> SharedMklVec<T> {
 
     /// The alignment of every block and of the dangling pointer: what was
     /// asked, raised to `T`'s own alignment and to MKL's 64.
-    #[inline]
-    fn block_align(&self) -> usize {
-        Self::block_align_for(self.align)
-    }
-
     #[inline]
     fn block_align_for(align: usize) -> usize {
         align.max(align_of::<T>()).max(MIN_ALIGN)
@@ -344,16 +161,16 @@ impl<T: Copy> SharedMklVec<T> {
     fn publish(&self, raw: &RawBuf<T>) {
         // Relaxed: the mirrors are reports; whoever needs the real values
         // reads the cell under the protocol.
-        self.seen_ptr.store(raw.ptr.as_ptr(), Ordering::Relaxed);
-        self.seen_len.store(raw.len, Ordering::Relaxed);
-        self.seen_cap.store(raw.cap, Ordering::Relaxed);
+        self.seen_ptr.store(raw.ptr().as_ptr(), Ordering::Relaxed);
+        self.seen_len.store(raw.len(), Ordering::Relaxed);
+        self.seen_cap.store(raw.cap(), Ordering::Relaxed);
     }
 
     /// Runs `f` on the cell under an exclusive claim (refused while views or
     /// another holder exist), then publishes the mirrors and releases.
     fn exclusive<R>(
         &self,
-        f: impl FnOnce(&mut RawBuf<T>, usize) -> Result<R, SharedVecError>,
+        f: impl FnOnce(&mut RawBuf<T>) -> Result<R, SharedVecError>,
     ) -> Result<R, SharedVecError> {
         self.flag.try_claim()?;
         let _claim = Claim(&self.flag);
@@ -362,8 +179,33 @@ impl<T: Copy> SharedMklVec<T> {
         unsafe { self.write_raw(f) }
     }
 
+    /// Refuses with `CapacityOverflow`, before the state word is looked at,
+    /// a growth by `additional` elements past `isize::MAX` bytes (or, for
+    /// zero-sized `T`, past `usize::MAX` elements), so that the overflow is
+    /// reported even while views or a mutable view are alive.
+    ///
+    /// The length is read from the `seen_len` mirror, an atomic: the read
+    /// never races, and needs no view or claim. It is exact whenever no
+    /// resize runs concurrently (in particular while any view or mutable
+    /// view is alive, since those keep resizes out, and the mirror was
+    /// stored before the claim that wrote it was released). If a resize does
+    /// run concurrently, the mirror still holds a length the buffer had (a
+    /// snapshot, as [`len`](Self::len) says), never a torn or invented one,
+    /// and the verdict is the right one for that length: the call behaves as
+    /// if it had run at that moment. Either way this check can only refuse
+    /// early, never let an overflow through: the resize itself checks again,
+    /// exactly, under its claim.
+    #[inline]
+    fn check_growth(&self, additional: usize) -> Result<(), SharedVecError> {
+        let required = self
+            .len()
+            .checked_add(additional)
+            .ok_or(SharedVecError::CapacityOverflow)?;
+        RawBuf::<T>::bytes_for(required).map(drop)
+    }
+
     /// Runs `f` on the cell through `&mut self`: no atomic protocol needed.
-    fn exclusive_mut<R>(&mut self, f: impl FnOnce(&mut RawBuf<T>, usize) -> R) -> R {
+    fn exclusive_mut<R>(&mut self, f: impl FnOnce(&mut RawBuf<T>) -> R) -> R {
         // SAFETY: `&mut self` proves no view, guard or other reference to
         // the vector exists.
         unsafe { self.write_raw(f) }
@@ -375,22 +217,31 @@ impl<T: Copy> SharedMklVec<T> {
     /// Nothing else reads or writes the cell meanwhile (an exclusive claim or
     /// `&mut self`).
     #[inline]
-    unsafe fn write_raw<R>(&self, f: impl FnOnce(&mut RawBuf<T>, usize) -> R) -> R {
-        let align = self.block_align();
+    unsafe fn write_raw<R>(&self, f: impl FnOnce(&mut RawBuf<T>) -> R) -> R {
         self.raw.with_mut(|raw| {
             // SAFETY: exclusive access to the cell (the caller's contract).
             let raw = unsafe { &mut *raw };
-            let result = f(raw, align);
+            let result = f(raw);
             self.publish(raw);
             result
         })
     }
 
-    /// The cell's current value. Caller holds a view, a claim or `&mut self`.
+    /// The block's address and length, read from the cell (a plain pair: the
+    /// block stays owned by the cell).
+    ///
+    /// # Safety
+    /// The caller holds a view or an exclusive claim (taken before this
+    /// call), or `&mut self`: no writer can touch the cell during the read.
+    /// The pair stays valid only as long as that view or claim.
     #[inline]
-    fn read_raw(&self) -> RawBuf<T> {
-        // SAFETY: the caller's view, claim or `&mut` keeps writers away.
-        self.raw.with(|raw| unsafe { *raw })
+    unsafe fn read_raw(&self) -> (NonNull<T>, usize) {
+        self.raw.with(|raw| {
+            // SAFETY: no writer meanwhile (the caller's contract), so the
+            // shared read of the cell does not race.
+            let raw = unsafe { &*raw };
+            (raw.ptr(), raw.len())
+        })
     }
 
     /// An empty buffer aligned to 64 bytes; allocates nothing.
@@ -473,7 +324,7 @@ impl<T: Copy> SharedMklVec<T> {
         check_alignment(align)?;
         let block_align = Self::block_align_for(align);
         let mut raw = RawBuf::allocate(items.len(), block_align, false)?;
-        raw.extend_from_slice(items, block_align)?;
+        raw.extend_from_slice(items)?;
         Ok(Self::from_raw(raw, align))
     }
 
@@ -592,11 +443,12 @@ impl<T: Copy> SharedMklVec<T> {
         self.flag.try_view()?;
         // From here the count keeps writers out; read only after taking it.
         let track = self.raw.track_read();
-        let raw = self.read_raw();
+        // SAFETY: our view, counted just above, keeps writers out.
+        let (ptr, len) = unsafe { self.read_raw() };
         Ok(View {
             vec: self,
-            ptr: raw.ptr,
-            len: raw.len,
+            ptr,
+            len,
             track,
         })
     }
@@ -620,11 +472,12 @@ impl<T: Copy> SharedMklVec<T> {
     pub fn view_arc(this: &Arc<Self>) -> Result<ArcView<T>, SharedVecError> {
         this.flag.try_view()?;
         let track = this.raw.track_read();
-        let raw = this.read_raw();
+        // SAFETY: our view, counted just above, keeps writers out.
+        let (ptr, len) = unsafe { this.read_raw() };
         Ok(ArcView {
             vec: Arc::clone(this),
-            ptr: raw.ptr,
-            len: raw.len,
+            ptr,
+            len,
             track,
         })
     }
@@ -641,15 +494,29 @@ impl<T: Copy> SharedMklVec<T> {
     pub fn try_view_mut(&self) -> Result<ViewMut<'_, T>, SharedVecError> {
         self.flag.try_claim()?;
         // From here the claim keeps everyone else away from the cell.
-        let raw = self.read_raw();
+        // SAFETY: our claim, taken just above, keeps every writer out.
+        let (ptr, len) = unsafe { self.read_raw() };
         let track = self.raw.track_write();
         Ok(ViewMut {
             vec: self,
-            ptr: raw.ptr,
-            len: raw.len,
+            ptr,
+            len,
             track,
         })
     }
+
+    /// The most shared views that may be alive at once:
+    /// `1 << (usize::BITS - 2)`, i.e. 2^62 on 64-bit targets (half of what
+    /// the state word's count bits hold, so that the increments of refused
+    /// views can never reach the exclusive bit). One more is refused with
+    /// [`TooManyViews { max: MAX_VIEWS }`](SharedVecError::TooManyViews).
+    ///
+    /// ```
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// assert_eq!(SharedMklVec::<f64>::MAX_VIEWS, 1 << (usize::BITS - 2));
+    /// ```
+    pub const MAX_VIEWS: usize = flag::MAX_VIEWS;
 
     /// Live shared views right now (a snapshot; 0 while the buffer is held
     /// exclusively).
@@ -685,7 +552,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// ```
     pub fn try_resize(&self, new_len: usize, value: T) -> Result<(), SharedVecError> {
         RawBuf::<T>::bytes_for(new_len)?;
-        self.exclusive(|raw, align| raw.resize(new_len, value, align))
+        self.exclusive(|raw| raw.resize(new_len, value))
     }
 
     /// Makes room for at least `additional` more elements (geometric growth).
@@ -696,8 +563,8 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert!(v.capacity() >= 10);
     /// ```
     pub fn try_reserve(&self, additional: usize) -> Result<(), SharedVecError> {
-        RawBuf::<T>::bytes_for(additional)?;
-        self.exclusive(|raw, align| raw.reserve(additional, align))
+        self.check_growth(additional)?;
+        self.exclusive(|raw| raw.reserve(additional))
     }
 
     /// Makes room for exactly `additional` more elements.
@@ -708,8 +575,8 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(v.capacity(), 10);
     /// ```
     pub fn try_reserve_exact(&self, additional: usize) -> Result<(), SharedVecError> {
-        RawBuf::<T>::bytes_for(additional)?;
-        self.exclusive(|raw, align| raw.reserve_exact(additional, align))
+        self.check_growth(additional)?;
+        self.exclusive(|raw| raw.reserve_exact(additional))
     }
 
     /// Appends one element.
@@ -720,7 +587,8 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(&*v.view().unwrap(), &[1.5]);
     /// ```
     pub fn try_push(&self, value: T) -> Result<(), SharedVecError> {
-        self.exclusive(|raw, align| raw.push(value, align))
+        self.check_growth(1)?;
+        self.exclusive(|raw| raw.push(value))
     }
 
     /// Appends a copy of `items`. A slice borrowed from a view of this very
@@ -732,7 +600,8 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(&*v.view().unwrap(), &[1, 2, 3, 4]);
     /// ```
     pub fn try_extend_from_slice(&self, items: &[T]) -> Result<(), SharedVecError> {
-        self.exclusive(|raw, align| raw.extend_from_slice(items, align))
+        self.check_growth(items.len())?;
+        self.exclusive(|raw| raw.extend_from_slice(items))
     }
 
     /// Shortens to `len` elements (no effect if already shorter); the
@@ -744,7 +613,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(&*v.view().unwrap(), &[1]);
     /// ```
     pub fn try_truncate(&self, len: usize) -> Result<(), SharedVecError> {
-        self.exclusive(|raw, _| {
+        self.exclusive(|raw| {
             raw.truncate(len);
             Ok(())
         })
@@ -770,7 +639,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(v.capacity(), 1);
     /// ```
     pub fn try_shrink_to_fit(&self) -> Result<(), SharedVecError> {
-        self.exclusive(|raw, align| raw.shrink_to_fit(align))
+        self.exclusive(|raw| raw.shrink_to_fit())
     }
 
     /// Bytes this buffer accounts for: the MKL block plus the handle itself
@@ -811,10 +680,10 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(v.as_slice(), &[5, 2]);
     /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        let raw = self.exclusive_mut(|raw, _| *raw);
+        let (ptr, len) = self.exclusive_mut(|raw| (raw.ptr(), raw.len()));
         // SAFETY: `&mut self` excludes every other access for the returned
         // borrow's life; ptr holds len initialised, aligned elements.
-        unsafe { core::slice::from_raw_parts_mut(raw.ptr.as_ptr(), raw.len) }
+        unsafe { core::slice::from_raw_parts_mut(ptr.as_ptr(), len) }
     }
 
     /// The block's address, mutably, through `&mut self`.
@@ -826,7 +695,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(v.as_slice(), &[2]);
     /// ```
     pub fn as_mut_ptr(&mut self) -> *mut T {
-        self.exclusive_mut(|raw, _| raw.ptr.as_ptr())
+        self.exclusive_mut(|raw| raw.ptr().as_ptr())
     }
 
     /// Appends one element (`&mut self`, no atomics).
@@ -842,7 +711,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// ```
     #[track_caller]
     pub fn push(&mut self, value: T) {
-        or_abort(self.exclusive_mut(|raw, align| raw.push(value, align)))
+        or_abort(self.exclusive_mut(|raw| raw.push(value)))
     }
 
     /// Resizes to `new_len`, filling with `value` (`&mut self`; panics as
@@ -855,7 +724,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// ```
     #[track_caller]
     pub fn resize(&mut self, new_len: usize, value: T) {
-        or_abort(self.exclusive_mut(|raw, align| raw.resize(new_len, value, align)))
+        or_abort(self.exclusive_mut(|raw| raw.resize(new_len, value)))
     }
 
     /// Makes room for `additional` more elements (`&mut self`; panics as
@@ -868,7 +737,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// ```
     #[track_caller]
     pub fn reserve(&mut self, additional: usize) {
-        or_abort(self.exclusive_mut(|raw, align| raw.reserve(additional, align)))
+        or_abort(self.exclusive_mut(|raw| raw.reserve(additional)))
     }
 
     /// Appends a copy of `items` (`&mut self`; panics as [`push`](Self::push)).
@@ -880,7 +749,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// ```
     #[track_caller]
     pub fn extend_from_slice(&mut self, items: &[T]) {
-        or_abort(self.exclusive_mut(|raw, align| raw.extend_from_slice(items, align)))
+        or_abort(self.exclusive_mut(|raw| raw.extend_from_slice(items)))
     }
 
     /// Shortens to `len` elements (`&mut self`).
@@ -891,7 +760,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(v.as_slice(), &[1, 2]);
     /// ```
     pub fn truncate(&mut self, len: usize) {
-        self.exclusive_mut(|raw, _| raw.truncate(len))
+        self.exclusive_mut(|raw| raw.truncate(len))
     }
 
     /// Removes every element (`&mut self`); the capacity is kept.
@@ -916,7 +785,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// ```
     #[track_caller]
     pub fn shrink_to_fit(&mut self) {
-        or_abort(self.exclusive_mut(|raw, align| raw.shrink_to_fit(align)))
+        or_abort(self.exclusive_mut(|raw| raw.shrink_to_fit()))
     }
 
     /// Loom only: the same vector running a deliberately broken protocol.
@@ -962,8 +831,9 @@ impl<T: Copy + bytemuck::Zeroable> SharedMklVec<T> {
     pub fn zeroed_with_alignment(len: usize, align: usize) -> Result<Self, SharedVecError> {
         check_alignment(align)?;
         let mut raw = RawBuf::allocate(len, Self::block_align_for(align), true)?;
-        // The block holds `len` zeroed elements, valid values by `Zeroable`.
-        raw.len = len;
+        // SAFETY: the block holds `len` zeroed elements (capacity `len`),
+        // valid values by `Zeroable`.
+        unsafe { raw.set_len(len) };
         Ok(Self::from_raw(raw, align))
     }
 }
@@ -972,15 +842,6 @@ impl<T: Copy> Default for SharedMklVec<T> {
     /// [`SharedMklVec::new`].
     fn default() -> Self {
         Self::new()
-    }
-}
-
-impl<T: Copy> Drop for SharedMklVec<T> {
-    fn drop(&mut self) {
-        if crate::sync::loom_unwinding() {
-            return; // a failed loom model; leaking its block is harmless
-        }
-        self.exclusive_mut(|raw, _| raw.free());
     }
 }
 
