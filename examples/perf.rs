@@ -717,7 +717,7 @@ fn stall_child(on: bool, pre: &str) {
 /// three machine states (fresh; right after 512 MiB of 4 KiB pages were
 /// freed; with 512 MiB of 4 KiB pages scattered over 1 GiB of frames).
 fn huge_stall_group(t: &mut Table) {
-    const N: usize = 8;
+    const N: usize = 6;
     let exe = std::env::current_exe().expect("perf's own path");
     let pres = ["fresh", "after-free", "fragmented"];
     // [pre][off, on] -> (cpu, wall) per child
