@@ -16,11 +16,12 @@
 //!
 //! `cargo run --release --example perf -- growth views` runs only the groups
 //! whose names contain one of the words (alloc+free, small objects, Vec growth, hashbrown,
-//! views, workload, huge pages, huge 1 GiB, huge stall). The three `huge`
-//! groups (issue 10) run each MKL competitor with `mkl_alloc::huge_pages` off
-//! and on; `huge 1 GiB` (10^8 pushes, 1 GiB blocks, about a minute) and
-//! `huge stall` (fresh child processes: this binary re-run with
-//! `--stall-child`) can be run alone: `perf -- 1GiB`, `perf -- stall`.
+//! views, workload, huge pages, huge 1GiB, huge 1GiB reuse, huge stall). The
+//! `huge` groups (issue 10) run each MKL competitor with
+//! `mkl_alloc::huge_pages` off and on; the large ones can be run alone:
+//! `perf -- 1GiB` (10^8 pushes and 1 GiB blocks, about two minutes, with the
+//! reuse group), `perf -- reuse`, `perf -- stall` (fresh child processes:
+//! this binary re-run with `--stall-child`).
 //!
 //! `PERF_VERBOSE=1` also prints every target's per-round ratios on stderr.
 //!
@@ -644,6 +645,51 @@ fn huge_1gib_group(t: &mut Table) {
     }
 }
 
+/// Issue 10, why the 1 GiB first touch is slow with huge pages on this
+/// machine: the same 1 GiB block allocated + written right after an equal
+/// block was freed, and after a 5 s pause (in which a VM with free page
+/// reporting hands the freed 2 MiB frames back to the host). Alternating
+/// off / on, 3 rounds of (pause, then two back-to-back blocks); about 40 s.
+fn huge_reuse_group(t: &mut Table) {
+    const B: usize = 1 << 30;
+    const ROUNDS: usize = 3;
+    let names = [HP_OFF, HP_ON];
+    let new = |n: &str| Series {
+        name: n.to_string(),
+        values: vec![],
+    };
+    let mut after_pause: Vec<Series> = names.iter().map(|n| new(n)).collect();
+    let mut back_to_back: Vec<Series> = names.iter().map(|n| new(n)).collect();
+    let touch = |on: bool| {
+        with_hp(on, || {
+            ms(|| {
+                black_box(first_touch(&MklAllocator, B, false));
+            })
+        })
+    };
+    for r in 0..ROUNDS {
+        for i in order(2, r) {
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            after_pause[i].values.push(touch(i == 1));
+            let a = touch(i == 1);
+            let b = touch(i == 1);
+            back_to_back[i].values.push(a.max(b));
+        }
+    }
+    t.group(
+        "7b. first touch 1 GiB after a 5 s pause",
+        "ms",
+        &after_pause,
+        0,
+    );
+    t.group(
+        "7b. first touch 1 GiB right after freeing 1 GiB (slower of two)",
+        "ms",
+        &back_to_back,
+        0,
+    );
+}
+
 /// The block the stall children allocate and touch.
 const STALL_BYTES: usize = 256 << 20;
 
@@ -945,7 +991,7 @@ fn main() {
         targets: vec![],
     };
     type Group = fn(&mut Table);
-    let steps: [(&str, Group); 9] = [
+    let steps: [(&str, Group); 10] = [
         ("alloc+free", alloc_free_group),
         ("small objects", small_objects_group),
         ("Vec growth", growth_group),
@@ -954,6 +1000,7 @@ fn main() {
         ("workload", workload_group),
         ("huge pages", huge_pages_group),
         ("huge 1GiB", huge_1gib_group),
+        ("huge 1GiB reuse", huge_reuse_group),
         ("huge stall", huge_stall_group),
     ];
     // `perf -- <word>…`: only the groups whose name contains a word.
