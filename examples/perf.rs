@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release --examples      # builds perf and the workload_* binaries
-//! cargo run --release --example perf    # under 2 minutes on 2 cores
+//! cargo run --release --example perf    # about 4 minutes on 2 cores (3 of them: the huge-page groups)
 //! ```
 //!
 //! The whole-program workload (5) needs one binary per global allocator
