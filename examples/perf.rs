@@ -438,46 +438,53 @@ fn with_hp(on: bool, f: impl FnOnce() -> f64) -> f64 {
 const HP_OFF: &str = "MklAllocator, huge pages off";
 const HP_ON: &str = "MklAllocator, huge pages on";
 
-/// Issue 10, steady state: growth to 10^7 and first touch of 64 MiB, each
-/// MKL competitor with huge pages off and on.
-fn huge_pages_group(t: &mut Table) {
-    const N: usize = 10_000_000;
+/// `Vec<f64, A>` pushed to `n` (`name`: "10^7"; `row`: the table's row
+/// number), System and mimalloc beside MklAllocator with huge pages off and
+/// on; the target of issue 10.
+fn huge_growth(t: &mut Table, rounds: usize, n: usize, row: &str, name: &str) {
     let series = interleave(
-        11,
+        rounds,
         &mut [
             ("Vec<f64, System>", &mut || {
                 ms(|| {
-                    black_box(vec_growth(ViaGlobal(std::alloc::System), N));
+                    black_box(vec_growth(ViaGlobal(std::alloc::System), n));
                 })
             }),
             ("Vec<f64, MklAllocator>, huge pages off", &mut || {
                 with_hp(false, || {
                     ms(|| {
-                        black_box(vec_growth(MklAllocator, N));
+                        black_box(vec_growth(MklAllocator, n));
                     })
                 })
             }),
             ("Vec<f64, MklAllocator>, huge pages on", &mut || {
                 with_hp(true, || {
                     ms(|| {
-                        black_box(vec_growth(MklAllocator, N));
+                        black_box(vec_growth(MklAllocator, n));
                     })
                 })
             }),
             ("Vec<f64, mimalloc>", &mut || {
                 ms(|| {
-                    black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), N));
+                    black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), n));
                 })
             }),
         ],
     );
-    t.group("6. Vec<f64> push to 10^7", "ms", &series, 0);
+    t.group(&format!("{row} Vec<f64> push to {name}"), "ms", &series, 0);
     t.target(
-        "MklAllocator + huge pages ≤ 0.8x System, Vec push 10^7",
+        &format!("MklAllocator + huge pages ≤ 0.8x System, Vec push {name}"),
         &series[2],
         &series[0],
         0.8,
     );
+}
+
+/// Issue 10, steady state: growth to 10^7 and first touch of 64 MiB, each
+/// MKL competitor with huge pages off and on.
+fn huge_pages_group(t: &mut Table) {
+    const N: usize = 10_000_000;
+    huge_growth(t, 11, N, "6.", "10^7");
     let series = interleave(
         11,
         &mut [
@@ -554,42 +561,7 @@ fn huge_pages_group(t: &mut Table) {
 /// streaming daxpy over memory already touched. About a minute.
 fn huge_1gib_group(t: &mut Table) {
     const N: usize = 100_000_000;
-    let series = interleave(
-        3,
-        &mut [
-            ("Vec<f64, System>", &mut || {
-                ms(|| {
-                    black_box(vec_growth(ViaGlobal(std::alloc::System), N));
-                })
-            }),
-            ("Vec<f64, MklAllocator>, huge pages off", &mut || {
-                with_hp(false, || {
-                    ms(|| {
-                        black_box(vec_growth(MklAllocator, N));
-                    })
-                })
-            }),
-            ("Vec<f64, MklAllocator>, huge pages on", &mut || {
-                with_hp(true, || {
-                    ms(|| {
-                        black_box(vec_growth(MklAllocator, N));
-                    })
-                })
-            }),
-            ("Vec<f64, mimalloc>", &mut || {
-                ms(|| {
-                    black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), N));
-                })
-            }),
-        ],
-    );
-    t.group("7. Vec<f64> push to 10^8", "ms", &series, 0);
-    t.target(
-        "MklAllocator + huge pages ≤ 0.8x System, Vec push 10^8",
-        &series[2],
-        &series[0],
-        0.8,
-    );
+    huge_growth(t, 3, N, "7.", "10^8");
     const B: usize = 1 << 30;
     const READS: usize = 20_000_000;
     fn run<A: allocator_api2::alloc::Allocator + Copy>(a: A) -> Vec<f64> {
