@@ -25,7 +25,8 @@
 //! | a byte count (decimal digits), e.g. `67108864` | blocks of at least that many bytes |
 //!
 //! The variable is read once, at the first allocation that needs the policy
-//! (or the first call of [`threshold`]); [`enable`] and [`disable`] override
+//! (or the first call of [`threshold`]), with libc's `getenv` (the global
+//! allocator must not allocate to ask); [`enable`] and [`disable`] override
 //! it at any time. Any other value is ignored (the policy stays off) with one
 //! line on stderr.
 //!
@@ -246,8 +247,11 @@ fn policy() -> usize {
 #[inline(never)]
 fn init() -> usize {
     // SAFETY: ENV is a NUL-terminated static string; getenv returns null or
-    // a pointer to a NUL-terminated string in the environment, read at once
-    // (before anything could modify the environment on this thread).
+    // a pointer to a NUL-terminated string in the environment, parsed below
+    // before this function returns (the borrow does not escape). Changing
+    // the environment while another thread reads it is what
+    // `std::env::set_var` (unsafe since Rust 2024) obliges its caller to
+    // rule out, reads through libc included.
     let value = unsafe {
         let p = libc::getenv(ENV.as_ptr());
         if p.is_null() {

@@ -15,6 +15,13 @@ use allocator_api2::alloc::Allocator;
 use mkl_alloc::huge_pages::{self, HUGE_PAGE_SIZE, Status};
 use mkl_alloc::{MklAllocator, MklSplitAllocator, SharedMklVec, SharedVecError};
 
+// Every allocation of this binary, libtest's included, is an MKL block, so
+// in `env_child` the environment variable is first read inside the global
+// allocator (by the process's first allocation): that must neither allocate
+// nor recurse.
+#[global_allocator]
+static GLOBAL: MklAllocator = MklAllocator;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
