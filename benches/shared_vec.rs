@@ -1,7 +1,7 @@
 //! Criterion group 4 of issue 4: `SharedMklVec` view acquire + release vs
 //! `Arc::clone` + drop, `RwLock::try_read` and `AtomicRefCell::try_borrow`,
 //! uncontended and with 2 threads on one value; and `try_push` growth vs
-//! `Vec::push`. Short by default; `MKL_ALLOC_BENCH_LONG=1` for criterion's
+//! `Vec::push`, with `mkl_alloc::huge_pages` off and on. Short by default; `MKL_ALLOC_BENCH_LONG=1` for criterion's
 //! defaults.
 
 mod config;
@@ -53,6 +53,16 @@ fn push_group(c: &mut Criterion) {
         BenchmarkId::new("SharedMklVec::try_push", n),
         &n,
         |b, &n| b.iter(|| shared_try_push(n)),
+    );
+    // Issue 10: the same growth with `mkl_alloc::huge_pages` on (2 MiB).
+    g.bench_with_input(
+        BenchmarkId::new("SharedMklVec::try_push hp on", n),
+        &n,
+        |b, &n| {
+            set_huge_pages(true);
+            b.iter(|| shared_try_push(n));
+            set_huge_pages(false);
+        },
     );
     g.finish();
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release --examples      # builds perf and the workload_* binaries
-//! cargo run --release --example perf    # under 2 minutes on 2 cores
+//! cargo run --release --example perf    # about 4 minutes on 2 cores (3 of them: the huge-page groups)
 //! ```
 //!
 //! The whole-program workload (5) needs one binary per global allocator
@@ -16,7 +16,12 @@
 //!
 //! `cargo run --release --example perf -- growth views` runs only the groups
 //! whose names contain one of the words (alloc+free, small objects, Vec growth, hashbrown,
-//! views, workload).
+//! views, workload, huge pages, huge 1GiB, huge 1GiB reuse, huge stall). The
+//! `huge` groups (issue 10) run each MKL competitor with
+//! `mkl_alloc::huge_pages` off and on; the large ones can be run alone:
+//! `perf -- 1GiB` (10^8 pushes and 1 GiB blocks, about two minutes, with the
+//! reuse group), `perf -- reuse`, `perf -- stall` (fresh child processes:
+//! this binary re-run with `--stall-child`).
 //!
 //! `PERF_VERBOSE=1` also prints every target's per-round ratios on stderr.
 //!
@@ -49,6 +54,7 @@ use mkl_alloc::{MklAllocator, MklSplitAllocator, SharedMklVec};
 use support::*;
 
 /// One measured competitor: its per-round values (ns per op, or a size).
+#[derive(Clone)]
 struct Series {
     name: String,
     values: Vec<f64>,
@@ -86,6 +92,41 @@ fn interleave(rounds: usize, competitors: &mut [(&str, &mut dyn FnMut() -> f64)]
             let v = (competitors[i].1)();
             if r > 0 {
                 out[i].values.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// As [`interleave`], for competitors that measure `metrics` values per
+/// run (e.g. first touch, then a pass over the same block): the result is
+/// indexed `[metric][competitor]`.
+#[allow(clippy::type_complexity)]
+fn interleave_multi(
+    rounds: usize,
+    metrics: usize,
+    competitors: &mut [(&str, &mut dyn FnMut() -> Vec<f64>)],
+) -> Vec<Vec<Series>> {
+    let k = competitors.len();
+    let mut out: Vec<Vec<Series>> = (0..metrics)
+        .map(|_| {
+            competitors
+                .iter()
+                .map(|(n, _)| Series {
+                    name: n.to_string(),
+                    values: Vec::with_capacity(rounds),
+                })
+                .collect()
+        })
+        .collect();
+    for r in 0..=rounds {
+        for i in order(k, r) {
+            let v = (competitors[i].1)();
+            assert_eq!(v.len(), metrics);
+            if r > 0 {
+                for (m, x) in v.into_iter().enumerate() {
+                    out[m][i].values.push(x);
+                }
             }
         }
     }
@@ -385,6 +426,382 @@ fn views_group(t: &mut Table) {
     t.group("4. push to 10^7 f64", "ms", &series, 0);
 }
 
+/// Runs `f` with the huge-page policy `on` (2 MiB threshold) or off, and
+/// leaves it off.
+fn with_hp(on: bool, f: impl FnOnce() -> f64) -> f64 {
+    set_huge_pages(on);
+    let v = f();
+    set_huge_pages(false);
+    v
+}
+
+const HP_OFF: &str = "MklAllocator, huge pages off";
+const HP_ON: &str = "MklAllocator, huge pages on";
+
+/// `Vec<f64, A>` pushed to `n` (`name`: "10^7"; `row`: the table's row
+/// number), System and mimalloc beside MklAllocator with huge pages off and
+/// on; the target of issue 10.
+fn huge_growth(t: &mut Table, rounds: usize, n: usize, row: &str, name: &str) {
+    let series = interleave(
+        rounds,
+        &mut [
+            ("Vec<f64, System>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(ViaGlobal(std::alloc::System), n));
+                })
+            }),
+            ("Vec<f64, MklAllocator>, huge pages off", &mut || {
+                with_hp(false, || {
+                    ms(|| {
+                        black_box(vec_growth(MklAllocator, n));
+                    })
+                })
+            }),
+            ("Vec<f64, MklAllocator>, huge pages on", &mut || {
+                with_hp(true, || {
+                    ms(|| {
+                        black_box(vec_growth(MklAllocator, n));
+                    })
+                })
+            }),
+            ("Vec<f64, mimalloc>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), n));
+                })
+            }),
+        ],
+    );
+    t.group(&format!("{row} Vec<f64> push to {name}"), "ms", &series, 0);
+    t.target(
+        &format!("MklAllocator + huge pages ≤ 0.8x System, Vec push {name}"),
+        &series[2],
+        &series[0],
+        0.8,
+    );
+}
+
+/// Issue 10, steady state: growth to 10^7 and first touch of 64 MiB, each
+/// MKL competitor with huge pages off and on.
+fn huge_pages_group(t: &mut Table) {
+    const N: usize = 10_000_000;
+    huge_growth(t, 11, N, "6.", "10^7");
+    let series = interleave(
+        11,
+        &mut [
+            ("Vec<f64>::push (System)", &mut || {
+                ms(|| {
+                    black_box(std_vec_growth(N));
+                })
+            }),
+            ("SharedMklVec::try_push, huge pages off", &mut || {
+                with_hp(false, || {
+                    ms(|| {
+                        black_box(shared_try_push(N));
+                    })
+                })
+            }),
+            ("SharedMklVec::try_push, huge pages on", &mut || {
+                with_hp(true, || {
+                    ms(|| {
+                        black_box(shared_try_push(N));
+                    })
+                })
+            }),
+        ],
+    );
+    t.group("6. push to 10^7 f64", "ms", &series, 0);
+    const B: usize = 64 << 20;
+    for zeroed in [false, true] {
+        let series = interleave(
+            15,
+            &mut [
+                ("System", &mut || {
+                    ms(|| {
+                        black_box(first_touch(&ViaGlobal(std::alloc::System), B, zeroed));
+                    })
+                }),
+                (HP_OFF, &mut || {
+                    with_hp(false, || {
+                        ms(|| {
+                            black_box(first_touch(&MklAllocator, B, zeroed));
+                        })
+                    })
+                }),
+                (HP_ON, &mut || {
+                    with_hp(true, || {
+                        ms(|| {
+                            black_box(first_touch(&MklAllocator, B, zeroed));
+                        })
+                    })
+                }),
+                ("mimalloc", &mut || {
+                    ms(|| {
+                        black_box(first_touch(&ViaGlobal(mimalloc::MiMalloc), B, zeroed));
+                    })
+                }),
+            ],
+        );
+        let how = if zeroed {
+            "alloc_zeroed + write (vec![0.0; n], filled)"
+        } else {
+            "alloc + write"
+        };
+        t.group(&format!("6. first touch 64 MiB, {how}"), "ms", &series, 1);
+        t.target(
+            &format!("huge pages on ≥ 3x faster than off, first touch 64 MiB, {how}"),
+            &series[2],
+            &series[1],
+            1.0 / 3.0,
+        );
+    }
+}
+
+/// Issue 10, the large rows: growth to 10^8, and 1 GiB blocks: first touch
+/// (alloc + write, alloc_zeroed + write), a TLB-bound gather and a
+/// streaming daxpy over memory already touched. About a minute.
+fn huge_1gib_group(t: &mut Table) {
+    const N: usize = 100_000_000;
+    huge_growth(t, 3, N, "7.", "10^8");
+    const B: usize = 1 << 30;
+    const READS: usize = 20_000_000;
+    fn run<A: allocator_api2::alloc::Allocator + Copy>(a: A) -> Vec<f64> {
+        let touch = ms(|| {
+            black_box(first_touch(&a, B, false));
+        });
+        let touch_zeroed = ms(|| {
+            black_box(first_touch(&a, B, true));
+        });
+        let mut block = Filled::new(a, B / 8);
+        let g = ms(|| {
+            black_box(gather(block.as_mut_slice(), READS));
+        });
+        let d = ms(|| {
+            black_box(daxpy_halves(block.as_mut_slice(), 0.5));
+        });
+        vec![touch, touch_zeroed, g, d]
+    }
+    let m = interleave_multi(
+        4,
+        4,
+        &mut [
+            ("System", &mut || run(ViaGlobal(std::alloc::System))),
+            (HP_OFF, &mut || {
+                set_huge_pages(false);
+                run(MklAllocator)
+            }),
+            (HP_ON, &mut || {
+                set_huge_pages(true);
+                let v = run(MklAllocator);
+                set_huge_pages(false);
+                v
+            }),
+            ("mimalloc", &mut || run(&ViaGlobal(mimalloc::MiMalloc))),
+        ],
+    );
+    let titles = [
+        "7. first touch 1 GiB, alloc + write",
+        "7. first touch 1 GiB, alloc_zeroed + write",
+        "7. gather 2·10^7 random f64 over 1 GiB",
+        "7. daxpy over 1 GiB (y += a·x, 512 MiB each)",
+    ];
+    for (title, series) in titles.iter().zip(&m) {
+        t.group(title, "ms", series, 1);
+    }
+    for (i, title) in titles[..2].iter().enumerate() {
+        t.target(
+            &format!("huge pages on ≥ 3x faster than off, {}", &title[3..]),
+            &m[i][2],
+            &m[i][1],
+            1.0 / 3.0,
+        );
+    }
+}
+
+/// Issue 10, why the 1 GiB first touch is slow with huge pages on this
+/// machine: the same 1 GiB block allocated + written right after an equal
+/// block was freed, and after a 5 s pause (in which a VM with free page
+/// reporting hands the freed 2 MiB frames back to the host). Alternating
+/// off / on, 3 rounds of (pause, then two back-to-back blocks); about 40 s.
+fn huge_reuse_group(t: &mut Table) {
+    const B: usize = 1 << 30;
+    const ROUNDS: usize = 3;
+    let names = [HP_OFF, HP_ON];
+    let new = |n: &str| Series {
+        name: n.to_string(),
+        values: vec![],
+    };
+    let mut after_pause: Vec<Series> = names.iter().map(|n| new(n)).collect();
+    let mut back_to_back: Vec<Series> = names.iter().map(|n| new(n)).collect();
+    let touch = |on: bool| {
+        with_hp(on, || {
+            ms(|| {
+                black_box(first_touch(&MklAllocator, B, false));
+            })
+        })
+    };
+    for r in 0..ROUNDS {
+        for i in order(2, r) {
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            after_pause[i].values.push(touch(i == 1));
+            let a = touch(i == 1);
+            let b = touch(i == 1);
+            back_to_back[i].values.push(a.max(b));
+        }
+    }
+    t.group(
+        "7b. first touch 1 GiB after a 5 s pause",
+        "ms",
+        &after_pause,
+        0,
+    );
+    t.group(
+        "7b. first touch 1 GiB right after freeing 1 GiB (slower of two)",
+        "ms",
+        &back_to_back,
+        0,
+    );
+}
+
+/// The block the stall children allocate and touch.
+const STALL_BYTES: usize = 256 << 20;
+
+/// Child of `huge_stall_group`: prepares the machine state `pre` names,
+/// then allocates and touches one MKL block of STALL_BYTES with huge
+/// pages `on` or off; prints its thread CPU time and wall time.
+fn stall_child(on: bool, pre: &str) {
+    let page = 4096;
+    // Anonymous memory in 4 KiB pages (MADV_NOHUGEPAGE, whatever THP says).
+    let map = |bytes: usize| -> *mut u8 {
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap of {bytes} bytes failed");
+        // SAFETY: the mapping just made; the advice changes no contents.
+        unsafe { libc::madvise(p, bytes, libc::MADV_NOHUGEPAGE) };
+        let p = p.cast::<u8>();
+        for off in (0..bytes).step_by(page) {
+            // SAFETY: inside the mapping.
+            unsafe { p.add(off).write(1) };
+        }
+        p
+    };
+    let mut keep: Option<(*mut u8, usize)> = None;
+    match pre {
+        "fresh" => {}
+        // 512 MiB of 4 KiB pages touched and unmapped just before.
+        "after-free" => {
+            let b = 512 << 20;
+            let p = map(b);
+            // SAFETY: the whole mapping made above, not used again.
+            unsafe { libc::munmap(p.cast(), b) };
+        }
+        // 1 GiB of 4 KiB pages with every other page given back: 512 MiB
+        // stays resident, spread over every 2 MiB frame it touched.
+        "fragmented" => {
+            let b = 1 << 30;
+            let p = map(b);
+            for off in (0..b).step_by(2 * page) {
+                // SAFETY: one page inside the mapping; its contents are not
+                // needed again.
+                unsafe { libc::madvise(p.add(off).cast(), page, libc::MADV_DONTNEED) };
+            }
+            keep = Some((p, b));
+        }
+        other => panic!("unknown stall preparation {other}"),
+    }
+    set_huge_pages(on);
+    let wall = Instant::now();
+    let cpu = ms(|| {
+        black_box(first_touch(&MklAllocator, STALL_BYTES, false));
+    });
+    let wall = wall.elapsed().as_secs_f64() * 1e3;
+    if let Some((p, b)) = keep {
+        // SAFETY: the mapping made above, not used again.
+        unsafe { libc::munmap(p.cast(), b) };
+    }
+    println!("cpu_ms={cpu} wall_ms={wall}");
+}
+
+/// Issue 10, the cost: the slowest single allocation + first touch of a
+/// 256 MiB MKL block among N fresh processes, huge pages off and on, in
+/// three machine states (fresh; right after 512 MiB of 4 KiB pages were
+/// freed; with 512 MiB of 4 KiB pages scattered over 1 GiB of frames).
+fn huge_stall_group(t: &mut Table) {
+    const N: usize = 6;
+    let exe = std::env::current_exe().expect("perf's own path");
+    let pres = ["fresh", "after-free", "fragmented"];
+    // [pre][off, on] -> (cpu, wall) per child
+    let mut cells: Vec<[(Series, Series); 2]> = pres
+        .iter()
+        .map(|_| {
+            [false, true].map(|on| {
+                let n = if on { HP_ON } else { HP_OFF };
+                let s = || Series {
+                    name: n.to_string(),
+                    values: vec![],
+                };
+                (s(), s())
+            })
+        })
+        .collect();
+    for r in 0..N {
+        for i in order(2 * pres.len(), r) {
+            let (p, on) = (i / 2, i % 2 == 1);
+            let out = Command::new(&exe)
+                .args(["--stall-child", if on { "on" } else { "off" }, pres[p]])
+                .output()
+                .expect("run a stall child");
+            assert!(out.status.success(), "stall child failed: {out:?}");
+            let line = String::from_utf8_lossy(&out.stdout).into_owned();
+            let field = |k: &str| -> f64 {
+                line.split_whitespace()
+                    .find_map(|f| f.strip_prefix(k))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+            };
+            cells[p][on as usize].0.values.push(field("cpu_ms="));
+            cells[p][on as usize].1.values.push(field("wall_ms="));
+        }
+    }
+    let max = |s: &Series| s.values.iter().copied().fold(0.0, f64::max);
+    for (p, cell) in pres.iter().zip(&cells) {
+        for (clock, pick) in [("CPU", 0), ("wall", 1)] {
+            let [off, on] = cell;
+            let (off, on) = if pick == 0 {
+                (&off.0, &on.0)
+            } else {
+                (&off.1, &on.1)
+            };
+            let title = format!("8. alloc+touch 256 MiB in a fresh process, {p}, {clock} time");
+            t.group(
+                &format!("{title}, median of {N}"),
+                "ms",
+                &[off.clone(), on.clone()],
+                0,
+            );
+            t.rows.push(format!(
+                "| {title}, slowest of {N} | {} | {} ms | 1.00 (baseline) |",
+                off.name,
+                fmt_num(max(off))
+            ));
+            t.rows.push(format!(
+                "| {title}, slowest of {N} | {} | {} ms | {:.2} |",
+                on.name,
+                fmt_num(max(on)),
+                max(on) / max(off)
+            ));
+        }
+    }
+}
+
 const WORKLOADS: [&str; 4] = ["system", "mimalloc", "mkl", "split"];
 
 /// The workload binaries next to this executable; built with the cargo that
@@ -526,6 +943,11 @@ fn workload_group(t: &mut Table) {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--stall-child") {
+        stall_child(args[2] == "on", &args[3]);
+        return;
+    }
     let start = Instant::now();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -541,13 +963,17 @@ fn main() {
         targets: vec![],
     };
     type Group = fn(&mut Table);
-    let steps: [(&str, Group); 6] = [
+    let steps: [(&str, Group); 10] = [
         ("alloc+free", alloc_free_group),
         ("small objects", small_objects_group),
         ("Vec growth", growth_group),
         ("hashbrown", hashbrown_group),
         ("views", views_group),
         ("workload", workload_group),
+        ("huge pages", huge_pages_group),
+        ("huge 1GiB", huge_1gib_group),
+        ("huge 1GiB reuse", huge_reuse_group),
+        ("huge stall", huge_stall_group),
     ];
     // `perf -- <word>…`: only the groups whose name contains a word.
     let only: Vec<String> = std::env::args().skip(1).collect();
@@ -568,7 +994,7 @@ fn main() {
     for r in &t.rows {
         println!("{r}");
     }
-    println!("\n| Target (issue 4) | Ratio of | Ratio | Limit | Status |");
+    println!("\n| Target (issues 4, 10) | Ratio of | Ratio | Limit | Status |");
     println!("|---|---|---:|---:|---|");
     for r in &t.targets {
         println!("{r}");

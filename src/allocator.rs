@@ -10,7 +10,7 @@ use core::ptr::{self, NonNull};
 
 use allocator_api2::alloc::AllocError;
 
-use crate::ffi;
+use crate::{ffi, huge_pages};
 
 /// Every block [`MklAllocator`] hands out is aligned to at least this many
 /// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
@@ -39,20 +39,39 @@ pub(crate) fn mkl_align(align: usize) -> Option<c_int> {
 /// `size > 0`, `align` a power of two.
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
-    match mkl_align(align) {
+    let p: *mut u8 = match mkl_align(align) {
         // SAFETY: MKL_malloc takes any size and a positive power-of-two
         // alignment (mkl_align's result); it returns null on failure.
         Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
-        None => ptr::null_mut(),
+        None => return ptr::null_mut(),
+    };
+    if huge_pages::applies(size) && !p.is_null() {
+        // SAFETY: p is the fresh block of `size` bytes just allocated.
+        unsafe { huge_pages::advise(p, size) };
     }
+    p
 }
 
-/// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure.
+/// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure. A block
+/// the huge-page policy covers is `raw_alloc` (advised) zeroed by hand.
 ///
 /// # Safety
 /// As [`raw_alloc`].
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
+    if huge_pages::applies(size) {
+        // MKL_calloc writes every byte (it faults the whole block in before
+        // any advice could apply): allocate, advise, then zero.
+        // SAFETY: the caller's contract, forwarded; the block, if any, holds
+        // `size` bytes.
+        unsafe {
+            let p = raw_alloc(size, align);
+            if !p.is_null() {
+                p.write_bytes(0, size);
+            }
+            return p;
+        }
+    }
     match mkl_align(align) {
         // SAFETY: as in raw_alloc; num = 1 so the product cannot overflow.
         Some(a) => unsafe { ffi::MKL_calloc(1, size, a).cast() },
@@ -86,6 +105,9 @@ pub(crate) unsafe fn raw_free(ptr: *mut u8) {
 /// 128 B, 1 000 B -> 2 000 B, 1 MiB -> 2 MiB, 16 MiB -> 32 MiB, and all 21
 /// steps of a doubling from 64 B to 128 MiB), fast memory manager on or off.
 ///
+/// A growth to a size the huge-page policy covers is done by
+/// [`grow_advised`] instead, so that the copy lands on advised memory.
+///
 /// # Safety
 /// `ptr` is a live MKL block of `old_size` bytes allocated with an alignment
 /// of at least `align`; `new_size > 0`.
@@ -96,6 +118,10 @@ pub(crate) unsafe fn raw_realloc(
     new_size: usize,
     align: usize,
 ) -> *mut u8 {
+    if new_size > old_size && huge_pages::applies(new_size) {
+        // SAFETY: the caller's contract, forwarded.
+        return unsafe { grow_advised(ptr, old_size, new_size, align) };
+    }
     // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
     // null and leaves it intact, or frees it and returns the new block.
     let new: *mut u8 = unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() };
@@ -106,6 +132,31 @@ pub(crate) unsafe fn raw_realloc(
     // SAFETY: `new` is a live MKL block of new_size bytes holding the
     // first min(old_size, new_size) bytes of the old one.
     unsafe { realign(new, old_size.min(new_size), new_size, mask + 1) }
+}
+
+/// Growth under the huge-page policy: a fresh block (advised by
+/// [`raw_alloc`] before anything touches it), the old contents copied into
+/// it, the old block freed. `MKL_realloc` would copy into fresh *unadvised*
+/// memory, faulting it in 4 KiB pages. The guarantees are `raw_realloc`'s:
+/// contents, alignment `max(64, align)`, and on failure null with the old
+/// block untouched.
+///
+/// # Safety
+/// As [`raw_realloc`], and `new_size > old_size`.
+#[cold]
+#[inline(never)]
+unsafe fn grow_advised(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
+    // SAFETY: new_size > 0 and align is a power of two (caller's contract).
+    let fresh = unsafe { raw_alloc(new_size, align) };
+    if !fresh.is_null() {
+        // SAFETY: distinct live blocks; the old one holds old_size bytes and
+        // the new one more; the old one is freed once and not used again.
+        unsafe {
+            ptr::copy_nonoverlapping(ptr, fresh, old_size);
+            raw_free(ptr);
+        }
+    }
+    fresh
 }
 
 /// Moves a misaligned block returned by `MKL_realloc` into an aligned one.

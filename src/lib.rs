@@ -7,6 +7,8 @@
 //!   small blocks (under 4 KiB by default, alignment at most 16) from the
 //!   system allocator, all others from MKL aligned to 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
+//! - [`huge_pages`]: an opt-in policy putting large MKL blocks on transparent
+//!   huge pages (`madvise(MADV_HUGEPAGE)`; `MKL_ALLOC_HUGE_PAGES`).
 //! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
 //!   [`View`]s and one atomic word make resizing through `&self` safe (a
 //!   resize is refused, never blocked, while a view is alive).
@@ -52,6 +54,7 @@ mod keep_dynamic_layers {
 
 mod allocator;
 pub mod ffi;
+pub mod huge_pages;
 pub mod manager;
 mod shared_vec;
 mod split;

@@ -82,6 +82,18 @@ unsafe impl<A: GlobalAlloc> Allocator for ViaGlobal<A> {
     }
 
     #[inline]
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return self.allocate(layout);
+        }
+        // SAFETY: non-zero size. (calloc: what `vec![0.0; n]` asks for.)
+        let p = unsafe { self.0.alloc_zeroed(layout) };
+        NonNull::new(p)
+            .map(|p| NonNull::slice_from_raw_parts(p, layout.size()))
+            .ok_or(AllocError)
+    }
+
+    #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() != 0 {
             // SAFETY: allocated by the wrapped allocator with `layout`.
@@ -260,6 +272,108 @@ pub fn shared_try_push(n: usize) -> usize {
         v.try_push(black_box(i as f64)).unwrap();
     }
     black_box(v.len())
+}
+
+/// Turns `mkl_alloc::huge_pages` on (blocks of 2 MiB and more) or off:
+/// the one difference between the "huge pages on" and "off" competitors.
+pub fn set_huge_pages(on: bool) {
+    if on {
+        mkl_alloc::huge_pages::enable(mkl_alloc::huge_pages::HUGE_PAGE_SIZE);
+    } else {
+        mkl_alloc::huge_pages::disable();
+    }
+}
+
+/// A block of `bytes` (align 64, zeroed or not) from `a`, every f64 of it
+/// written once (the first touch: one page fault per page), then freed.
+/// `zeroed` is `vec![0.0f64; n]` then a fill; otherwise alloc + write.
+#[inline(never)]
+pub fn first_touch<A: Allocator>(a: &A, bytes: usize, zeroed: bool) -> f64 {
+    let layout = Layout::from_size_align(bytes, 64).unwrap();
+    let block = if zeroed {
+        a.allocate_zeroed(layout)
+    } else {
+        a.allocate(layout)
+    }
+    .expect("first_touch: allocation failed");
+    let p = block.cast::<f64>().as_ptr();
+    let n = bytes / 8;
+    // SAFETY: the block holds n f64s, 64-byte aligned; written before read;
+    // freed once with its layout.
+    unsafe {
+        for i in 0..n {
+            p.add(i).write(i as f64);
+        }
+        let s = black_box(*p.add(n / 2));
+        a.deallocate(block.cast(), layout);
+        s
+    }
+}
+
+/// A live block of `n` f64s from `a`, written once (its first touch),
+/// for the kernels that run over memory already faulted in.
+pub struct Filled<A: Allocator> {
+    alloc: A,
+    ptr: NonNull<f64>,
+    n: usize,
+}
+
+impl<A: Allocator> Filled<A> {
+    /// Allocates and writes `n` f64s (align 64).
+    pub fn new(alloc: A, n: usize) -> Self {
+        let layout = Layout::array::<f64>(n).unwrap().align_to(64).unwrap();
+        let ptr = alloc
+            .allocate(layout)
+            .expect("Filled: allocation failed")
+            .cast::<f64>();
+        // SAFETY: the block holds n f64s.
+        unsafe {
+            for i in 0..n {
+                ptr.as_ptr().add(i).write((i % 1024) as f64);
+            }
+        }
+        Self { alloc, ptr, n }
+    }
+
+    /// The contents.
+    pub fn as_mut_slice(&mut self) -> &mut [f64] {
+        // SAFETY: n initialised f64s, borrowed mutably through &mut self.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.n) }
+    }
+}
+
+impl<A: Allocator> Drop for Filled<A> {
+    fn drop(&mut self) {
+        let layout = Layout::array::<f64>(self.n).unwrap().align_to(64).unwrap();
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { self.alloc.deallocate(self.ptr.cast(), layout) }
+    }
+}
+
+/// `reads` dependent-free random reads (xorshift indices) over `xs`: bound
+/// by TLB misses once `xs` is far larger than the TLB's reach.
+#[inline(never)]
+pub fn gather(xs: &[f64], reads: usize) -> f64 {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let n = xs.len() as u64;
+    let mut s = 0.0;
+    for _ in 0..reads {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s += xs[(x % n) as usize];
+    }
+    black_box(s)
+}
+
+/// `y += a * x` over the two halves of `xs` (a streaming pass over all of it).
+#[inline(never)]
+pub fn daxpy_halves(xs: &mut [f64], a: f64) -> f64 {
+    let (x, y) = xs.split_at_mut(xs.len() / 2);
+    for (yi, xi) in y.iter_mut().zip(x.iter()) {
+        *yi += a * *xi;
+    }
+    black_box(y[y.len() / 2])
 }
 
 /// Median of a slice (sorted in place).

@@ -1,0 +1,337 @@
+//! Transparent huge pages for large MKL blocks: an opt-in policy.
+//!
+//! For a big numeric buffer the allocator's cost is page faults, not
+//! bookkeeping: first touching 512 MiB takes 131 073 faults on 4 KiB pages and
+//! 258 on 2 MiB pages. With the policy on, every MKL block of at least the
+//! threshold that [`MklAllocator`](crate::MklAllocator),
+//! [`MklSplitAllocator`](crate::MklSplitAllocator) or
+//! [`SharedMklVec`](crate::SharedMklVec) allocates, zero-allocates or grows
+//! has its 2 MiB-aligned interior advised with `madvise(MADV_HUGEPAGE)`, and a
+//! growing block is moved by allocate + advise + copy + free (instead of
+//! `MKL_realloc`, which copies into fresh unadvised memory), so the copy
+//! itself lands on huge pages. No extra alignment is forced on the caller;
+//! blocks below the threshold, and shrinks, are untouched.
+//!
+//! **Off by default.** The first huge page of a fresh process can stall for
+//! over a second while the kernel compacts memory (`defrag=madvise`, the
+//! Debian default); see the README's performance section for the measurements
+//! behind this choice. Turn it on with [`enable`] or the environment variable
+//! `MKL_ALLOC_HUGE_PAGES`:
+//!
+//! | `MKL_ALLOC_HUGE_PAGES` | Policy |
+//! |---|---|
+//! | unset, empty, `off` or `0` | off: exactly the MKL calls of a build without this module |
+//! | `on` | blocks of at least 2 MiB ([`HUGE_PAGE_SIZE`]) |
+//! | a byte count (decimal digits), e.g. `67108864` | blocks of at least that many bytes |
+//!
+//! The variable is read once, at the first allocation that needs the policy
+//! (or the first call of [`threshold`]), with libc's `getenv` (the global
+//! allocator must not allocate to ask); [`enable`] and [`disable`] override
+//! it at any time. Any other value is ignored (the policy stays off) with one
+//! line on stderr.
+//!
+//! Where THP is `never`, or the kernel refuses the advice, nothing fails: the
+//! advice is ignored and [`status`] says so. (Under `never` the kernel still
+//! accepts `MADV_HUGEPAGE` and [`advised_bytes`] counts it; without THP in the
+//! kernel the advice fails and is not counted.)
+//!
+//! ```
+//! use allocator_api2::vec::Vec;
+//! use mkl_alloc::{MklAllocator, huge_pages};
+//!
+//! huge_pages::enable(huge_pages::HUGE_PAGE_SIZE);
+//! let before = huge_pages::advised_bytes();
+//! let mut v: Vec<f64, MklAllocator> = Vec::with_capacity_in(1 << 21, MklAllocator); // 16 MiB
+//! v.resize(1 << 21, 1.0);
+//! if huge_pages::status().is_available() {
+//!     assert!(huge_pages::advised_bytes() > before);
+//! }
+//! huge_pages::disable();
+//! # drop(v);
+//! ```
+
+use core::ffi::{CStr, c_void};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+/// The size of an x86-64 transparent huge page (2 MiB): the granule that is
+/// advised, and the threshold `MKL_ALLOC_HUGE_PAGES=on` sets.
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// The policy word. `UNINIT`: the environment was not read yet (0, so that
+/// every size takes the slow path until it is); `OFF`: larger than any block
+/// (a `Layout` size is at most `isize::MAX`); otherwise the threshold.
+/// The fast path is one relaxed load and one comparison: `size < POLICY`.
+static POLICY: AtomicUsize = AtomicUsize::new(UNINIT);
+const UNINIT: usize = 0;
+const OFF: usize = usize::MAX;
+
+/// Bytes advised with `MADV_HUGEPAGE` successfully since the process started.
+static ADVISED: AtomicU64 = AtomicU64::new(0);
+
+const ENV: &CStr = c"MKL_ALLOC_HUGE_PAGES";
+
+/// Turns the policy on for MKL blocks of at least `min_bytes` bytes (a
+/// `min_bytes` of 0 is the same as 1, every block; a block smaller than
+/// 4 MiB may have no aligned 2 MiB interior to advise, and `usize::MAX` is
+/// stored as `usize::MAX - 1`, which selects the same blocks: none).
+/// Overrides `MKL_ALLOC_HUGE_PAGES`.
+/// Blocks allocated before keep the advice they had.
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+///
+/// huge_pages::enable(64 << 20);
+/// assert_eq!(huge_pages::threshold(), Some(64 << 20));
+/// huge_pages::disable();
+/// ```
+pub fn enable(min_bytes: usize) {
+    // 0 is the "not read yet" sentinel; OFF is no threshold at all. Both
+    // clamped values select exactly the same blocks as `min_bytes` does:
+    // every block has a size ≥ 1, none has size usize::MAX.
+    POLICY.store(min_bytes.clamp(1, OFF - 1), Relaxed);
+}
+
+/// Turns the policy off: from now on every MKL block is allocated, grown
+/// and freed with exactly the MKL calls of a build without huge-page
+/// support. Overrides `MKL_ALLOC_HUGE_PAGES`.
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+///
+/// huge_pages::disable();
+/// assert_eq!(huge_pages::threshold(), None);
+/// ```
+pub fn disable() {
+    POLICY.store(OFF, Relaxed);
+}
+
+/// The threshold in force: `Some(min_bytes)` while the policy is on, `None`
+/// while it is off. Reads `MKL_ALLOC_HUGE_PAGES` if nothing did yet.
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+///
+/// huge_pages::enable(huge_pages::HUGE_PAGE_SIZE);
+/// assert_eq!(huge_pages::threshold(), Some(2 << 20));
+/// huge_pages::disable();
+/// ```
+pub fn threshold() -> Option<usize> {
+    match policy() {
+        OFF => None,
+        t => Some(t),
+    }
+}
+
+/// Bytes advised with `madvise(MADV_HUGEPAGE)` successfully since the
+/// process started (a block grown or allocated several times counts each
+/// time). It moves only while the policy is on and the kernel accepts the
+/// advice: the way to confirm the policy acts (whether the kernel then backs
+/// the range with huge pages is [`status`]'s question, and `AnonHugePages` in
+/// `/proc/self/smaps` shows it).
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+///
+/// let advised: u64 = huge_pages::advised_bytes();
+/// println!("{advised} bytes advised for huge pages so far");
+/// ```
+pub fn advised_bytes() -> u64 {
+    ADVISED.load(Relaxed)
+}
+
+/// The kernel's transparent-huge-page mode, from
+/// `/sys/kernel/mm/transparent_hugepage/enabled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// `always`: every large anonymous mapping may get huge pages, advised or not.
+    Always,
+    /// `madvise`: only advised ranges get huge pages (what this policy does).
+    Madvise,
+    /// `never`: no huge pages; the advice is accepted and ignored.
+    Never,
+    /// The file is missing or unreadable (no THP in this kernel, or not Linux).
+    Unavailable,
+}
+
+impl Status {
+    /// Whether advised blocks can get huge pages (`Always` or `Madvise`).
+    ///
+    /// ```
+    /// use mkl_alloc::huge_pages::Status;
+    ///
+    /// assert!(Status::Madvise.is_available());
+    /// assert!(!Status::Never.is_available());
+    /// ```
+    pub fn is_available(self) -> bool {
+        matches!(self, Status::Always | Status::Madvise)
+    }
+
+    /// Parses the contents of the `enabled` file: the bracketed word
+    /// (`always [madvise] never` is `Madvise`); `Unavailable` if none.
+    ///
+    /// ```
+    /// use mkl_alloc::huge_pages::Status;
+    ///
+    /// assert_eq!(Status::parse("always [madvise] never\n"), Status::Madvise);
+    /// assert_eq!(Status::parse("[never]"), Status::Never);
+    /// assert_eq!(Status::parse(""), Status::Unavailable);
+    /// ```
+    pub fn parse(enabled: &str) -> Status {
+        let chosen = enabled
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'));
+        match chosen {
+            Some("always") => Status::Always,
+            Some("madvise") => Status::Madvise,
+            Some("never") => Status::Never,
+            _ => Status::Unavailable,
+        }
+    }
+}
+
+/// Reads `/sys/kernel/mm/transparent_hugepage/enabled` (each call: the
+/// administrator may change it at run time).
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+///
+/// match huge_pages::status() {
+///     s if s.is_available() => println!("THP {s:?}: the policy can act"),
+///     s => println!("THP {s:?}: advice is ignored, nothing fails"),
+/// }
+/// ```
+pub fn status() -> Status {
+    match std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled") {
+        Ok(s) => Status::parse(&s),
+        Err(_) => Status::Unavailable,
+    }
+}
+
+/// Parses a value of `MKL_ALLOC_HUGE_PAGES`: `Ok(None)` for off,
+/// `Ok(Some(threshold))` for on, `Err(())` for anything else. Allocates
+/// nothing (it runs inside the global allocator).
+fn parse_env(v: &[u8]) -> Result<Option<usize>, ()> {
+    if v.is_empty() || v.eq_ignore_ascii_case(b"off") {
+        return Ok(None);
+    }
+    if v.eq_ignore_ascii_case(b"on") {
+        return Ok(Some(HUGE_PAGE_SIZE));
+    }
+    let mut n: usize = 0;
+    for &c in v {
+        if !c.is_ascii_digit() {
+            return Err(());
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(usize::from(c - b'0')))
+            .ok_or(())?;
+    }
+    Ok(if n == 0 { None } else { Some(n) })
+}
+
+/// The policy word, reading the environment on first use.
+#[inline(always)]
+fn policy() -> usize {
+    match POLICY.load(Relaxed) {
+        UNINIT => init(),
+        p => p,
+    }
+}
+
+/// Reads `MKL_ALLOC_HUGE_PAGES` once. Runs inside the global allocator, so
+/// it must not allocate: `getenv` on a static C string, a byte parser, and a
+/// raw `write(2)` for the warning. Two threads racing here compute the same
+/// value; an `enable`/`disable` that happened meanwhile wins.
+#[cold]
+#[inline(never)]
+fn init() -> usize {
+    // SAFETY: ENV is a NUL-terminated static string; getenv returns null or
+    // a pointer to a NUL-terminated string in the environment, parsed below
+    // before this function returns (the borrow does not escape). Changing
+    // the environment while another thread reads it is what
+    // `std::env::set_var` (unsafe since Rust 2024) obliges its caller to
+    // rule out, reads through libc included.
+    let value = unsafe {
+        let p = libc::getenv(ENV.as_ptr());
+        if p.is_null() {
+            &[][..]
+        } else {
+            CStr::from_ptr(p).to_bytes()
+        }
+    };
+    let word = match parse_env(value) {
+        Ok(Some(t)) => t.clamp(1, OFF - 1),
+        Ok(None) => OFF,
+        Err(()) => {
+            const MSG: &[u8] = b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages stay off\n";
+            // SAFETY: writes a static buffer to stderr; no allocation.
+            unsafe { libc::write(2, MSG.as_ptr().cast::<c_void>(), MSG.len()) };
+            OFF
+        }
+    };
+    match POLICY.compare_exchange(UNINIT, word, Relaxed, Relaxed) {
+        Ok(_) => word,
+        Err(set_meanwhile) => set_meanwhile,
+    }
+}
+
+/// Whether a block of `size` bytes falls under the policy. For a block
+/// below the threshold (and whenever the policy is off) this is one relaxed
+/// load and one comparison.
+#[inline(always)]
+pub(crate) fn applies(size: usize) -> bool {
+    size >= POLICY.load(Relaxed) && size >= policy()
+}
+
+/// Advises the 2 MiB-aligned interior of the block `[ptr, ptr + size)` with
+/// `MADV_HUGEPAGE` and counts the bytes if the kernel accepts. Failure (THP
+/// not built in, `EINVAL`) is ignored: the block is as usable as before.
+///
+/// # Safety
+/// `[ptr, ptr + size)` is a live block owned by the caller: the advice must
+/// not reach memory that belongs to anyone else (it changes no contents,
+/// only how the kernel backs the range).
+#[inline(never)]
+pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
+    let addr = ptr as usize;
+    let start = addr.next_multiple_of(HUGE_PAGE_SIZE);
+    let end = (addr + size) & !(HUGE_PAGE_SIZE - 1);
+    if end <= start {
+        return;
+    }
+    // SAFETY: [start, end) lies inside the caller's block (start ≥ addr,
+    // end ≤ addr + size) and is page-aligned; MADV_HUGEPAGE changes neither
+    // contents nor protection.
+    let rc = unsafe {
+        libc::madvise(
+            ptr.wrapping_add(start - addr).cast::<c_void>(),
+            end - start,
+            libc::MADV_HUGEPAGE,
+        )
+    };
+    if rc == 0 {
+        ADVISED.fetch_add((end - start) as u64, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_values() {
+        assert_eq!(parse_env(b""), Ok(None));
+        assert_eq!(parse_env(b"off"), Ok(None));
+        assert_eq!(parse_env(b"OFF"), Ok(None));
+        assert_eq!(parse_env(b"0"), Ok(None));
+        assert_eq!(parse_env(b"on"), Ok(Some(HUGE_PAGE_SIZE)));
+        assert_eq!(parse_env(b"On"), Ok(Some(HUGE_PAGE_SIZE)));
+        assert_eq!(parse_env(b"67108864"), Ok(Some(64 << 20)));
+        assert_eq!(parse_env(b"1"), Ok(Some(1)));
+        assert_eq!(parse_env(b"2M"), Err(()));
+        assert_eq!(parse_env(b"-1"), Err(()));
+        assert_eq!(parse_env(b" on"), Err(()));
+        assert_eq!(parse_env(b"99999999999999999999999"), Err(()));
+    }
+}
