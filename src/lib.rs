@@ -17,7 +17,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-// Links MKL's archives when it found an installed MKL (see build.rs).
+// intel-mkl-src links an installed MKL in the chosen configuration (build.rs
+// links the cached one, or libmkl_rt under `mkl-rt`).
+#[cfg(not(feature = "mkl-rt"))]
 extern crate intel_mkl_src as _;
 
 mod allocator;
