@@ -16,6 +16,31 @@ on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``).
 
 from collections import namedtuple as _namedtuple
 
+
+def _load_mkl_rt():
+    """Loads the `mkl` wheel's libmkl_rt.so.3, found through its installed
+    file list, for extensions whose RUNPATH does not lead to it (an editable
+    install keeps the extension in the source tree). The extension then
+    finds it already loaded, by its soname: still the one MKL."""
+    import ctypes
+    import importlib.metadata
+
+    for f in importlib.metadata.distribution("mkl").files or []:
+        if f.name == "libmkl_rt.so.3":
+            # RTLD_GLOBAL, as mkl-service loads it.
+            ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
+            return
+    raise ImportError("the `mkl` package is installed without libmkl_rt.so.3")
+
+
+try:
+    from . import _native
+except ImportError as _e:
+    if "libmkl_rt" not in str(_e):
+        raise
+    _load_mkl_rt()
+    from . import _native
+
 from ._native import MAX_ALIGNMENT, MKLMemory, free_buffers, peak_mem_usage
 from ._native import _mem_stat
 
