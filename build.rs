@@ -222,10 +222,26 @@ fn mode() -> Result<Mode> {
     }
 }
 
+/// Tells dependents' build scripts (`DEP_MKL_ALLOC_LIB_DIR`) where the
+/// dynamic MKL libraries are, e.g. to give a binary an rpath to them.
+fn report_lib_dir(dir: &Path) {
+    println!("cargo::metadata=lib_dir={}", dir.display());
+}
+
 fn provision_config(config: intel_mkl_tool::Config) -> Result<()> {
     use intel_mkl_tool::{LinkType, Threading};
+    if config.link == LinkType::Dynamic {
+        // src/lib.rs keeps the core, threading and OpenMP libraries linked.
+        println!("cargo:rustc-cfg=mkl_dynamic");
+        if config.parallel == Threading::OpenMP {
+            println!("cargo:rustc-cfg=mkl_dynamic_iomp");
+        }
+    }
     if let Ok(lib) = intel_mkl_tool::Library::new(config) {
         // intel-mkl-src finds the same library and emits the link lines.
+        if config.link == LinkType::Dynamic {
+            report_lib_dir(&lib.library_dir);
+        }
         return check_prototypes(&lib.include_dir.join("mkl_service.h"));
     }
 
@@ -268,6 +284,7 @@ fn provision_config(config: intel_mkl_tool::Config) -> Result<()> {
             }
         }
         LinkType::Dynamic => {
+            report_lib_dir(&cache.join("dynamic"));
             let dir = link_farm(&cache.join("dynamic"))?;
             println!("cargo:rustc-link-search=native={}", dir.display());
             for lib in &libs {
@@ -295,6 +312,7 @@ fn provision_rt() -> Result<()> {
         }
     };
     check_prototypes(&include_dir.join("mkl_service.h"))?;
+    report_lib_dir(&lib_dir);
     let dir = link_farm(&lib_dir)?;
     println!("cargo:rustc-link-search=native={}", dir.display());
     println!("cargo:rustc-link-lib=dylib=mkl_rt");

@@ -1,35 +1,66 @@
 #!/usr/bin/env bash
 # Checks build.rs's provisioning rules against the real build script:
 # - with the fetch turned off and no MKL anywhere, the build fails and says
-#   how to provide MKL;
-# - a half-written cache (no completion stamp) is never used.
+#   how to provide MKL (the default mode and mkl-rt);
+# - a half-written cache part (no stamp, or a stamp that does not match the
+#   files) is never used;
+# - a failed fetch leaves no folder behind;
+# - with DOCS_RS set, `cargo doc` needs no MKL and touches no cache.
 # Reuses the current target directory: only build.rs re-runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset MKLROOT
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+passed=0
+# pip pointed at a closed local port: any fetch fails at once.
+unreachable=(env PIP_INDEX_URL=http://127.0.0.1:9/ PIP_RETRIES=0 PIP_TIMEOUT=2 PIP_NO_CACHE_DIR=1)
 
 expect_refusal() {
-  local what=$1
-  if MKL_ALLOC_NO_DOWNLOAD=1 MKL_ALLOC_CACHE="$tmp/cache" cargo check --lib >"$tmp/log" 2>&1; then
+  local what=$1; shift
+  if MKL_ALLOC_CACHE="$tmp/cache" "$@" >"$tmp/log" 2>&1; then
     echo "FAIL: $what: the build succeeded without MKL"; exit 1
   fi
-  for needle in "Intel oneMKL was not found" "MKLROOT" "pkg-config" "mkl-static==" "MKL_ALLOC_NO_DOWNLOAD"; do
+  for needle in "Intel oneMKL" "was not found" "MKLROOT" "pkg-config" "==2026.2.0" "MKL_ALLOC_NO_DOWNLOAD"; do
     grep -q -- "$needle" "$tmp/log" || { echo "FAIL: $what: error lacks '$needle'"; cat "$tmp/log"; exit 1; }
   done
-  echo "ok: $what"
+  echo "ok: $what"; passed=$((passed+1))
 }
 
-expect_refusal "empty cache, fetch off"
+no_fetch=(env MKL_ALLOC_NO_DOWNLOAD=1 cargo check --lib)
+expect_refusal "empty cache, fetch off" "${no_fetch[@]}"
+expect_refusal "empty cache, fetch off, mkl-rt" env MKL_ALLOC_NO_DOWNLOAD=1 PYTHON=false \
+  cargo check --lib --no-default-features --features mkl-rt
 
-# A cache killed half-way: archives present, stamp missing.
-mkdir -p "$tmp/cache/lib" "$tmp/cache/include"
-for lib in mkl_intel_lp64 mkl_sequential mkl_core; do echo junk >"$tmp/cache/lib/lib$lib.a"; done
+# A cache killed half-way: files present, stamps missing.
+mkdir -p "$tmp/cache/static" "$tmp/cache/include"
+for lib in mkl_intel_lp64 mkl_sequential mkl_core; do echo junk >"$tmp/cache/static/lib$lib.a"; done
 echo '/* */' >"$tmp/cache/include/mkl.h"
-expect_refusal "half-written cache, fetch off"
+expect_refusal "half-written cache, fetch off" "${no_fetch[@]}"
 
-# The same with a stamp whose sizes do not match the files.
-printf 'mkl 2026.2.0\n' >"$tmp/cache/mkl-alloc-complete"
-expect_refusal "cache with a wrong stamp, fetch off"
-echo "provisioning: 3 passed, 0 failed"
+# The same with stamps whose sizes do not match the files.
+for lib in mkl_intel_lp64 mkl_sequential mkl_core; do
+  printf 'mkl_static-2026.2.0-py2.py3-none-manylinux_2_28_x86_64.whl 090e439bf202b45579c75d2ba50ff7ead05752d553a06aba79c3ed2b5247921b\nlib%s.a 12345\n' \
+    "$lib" "$lib" >"$tmp/cache/static/.complete-lib$lib.a"
+done
+expect_refusal "cache with wrong stamps, fetch off" "${no_fetch[@]}"
+
+# A fetch that fails (no reachable index) is refused and leaves no work folder.
+rm -rf "$tmp/cache"
+expect_refusal "failed fetch" "${unreachable[@]}" cargo check --lib
+if [ -n "$(find "$tmp/cache" -mindepth 1 -print -quit 2>/dev/null)" ]; then
+  echo "FAIL: failed fetch left files behind:"; find "$tmp/cache" | head; exit 1
+fi
+echo "ok: failed fetch left nothing behind"; passed=$((passed+1))
+
+# docs.rs: no MKL, no reachable index, and the cache stays empty.
+rm -rf "$tmp/cache"
+if ! DOCS_RS=1 MKL_ALLOC_CACHE="$tmp/cache" CARGO_TARGET_DIR=target/docsrs "${unreachable[@]}" \
+    cargo doc --no-deps --lib --features serde,bytemuck >"$tmp/log" 2>&1; then
+  cat "$tmp/log"; echo "FAIL: DOCS_RS=1 cargo doc failed"; exit 1
+fi
+if [ -n "$(find "$tmp/cache" -mindepth 1 -print -quit 2>/dev/null)" ]; then
+  echo "FAIL: DOCS_RS=1 cargo doc wrote into the cache"; exit 1
+fi
+echo "ok: DOCS_RS=1 cargo doc builds with no MKL and an empty cache"; passed=$((passed+1))
+echo "provisioning: $passed passed, 0 failed"

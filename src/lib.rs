@@ -22,6 +22,33 @@
 #[cfg(not(feature = "mkl-rt"))]
 extern crate intel_mkl_src as _;
 
+/// Dynamic configurations: the interface library (which also holds
+/// `MKL_malloc` & co.) calls into the core and threading libraries, but none
+/// of the three names another as needed, and rustc links with `--as-needed`:
+/// a program that calls only the interface would start without them and die
+/// at its first BLAS call (`undefined symbol: mkl_blas_dgemm`). One address
+/// from each keeps both in the program's needed libraries; neither is called.
+#[cfg(mkl_dynamic)]
+mod keep_dynamic_layers {
+    unsafe extern "C" {
+        /// In `libmkl_core` only.
+        fn mkl_serv_allocate();
+        /// In every threading layer (`libmkl_sequential`, `libmkl_intel_thread`), not in the core.
+        fn mkl_serv_get_max_threads();
+    }
+    #[used]
+    static KEEP: [unsafe extern "C" fn(); 2] = [mkl_serv_allocate, mkl_serv_get_max_threads];
+
+    // `libmkl_intel_thread` calls into the OpenMP runtime, `libiomp5`.
+    #[cfg(mkl_dynamic_iomp)]
+    unsafe extern "C" {
+        fn omp_get_num_procs();
+    }
+    #[cfg(mkl_dynamic_iomp)]
+    #[used]
+    static KEEP_IOMP: unsafe extern "C" fn() = omp_get_num_procs;
+}
+
 mod allocator;
 pub mod ffi;
 pub mod manager;
