@@ -178,6 +178,14 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=build.rs");
 
+    // On a nightly compiler the crate turns `allocator_api` on, because a
+    // graph may switch on allocator-api2 0.2's `nightly` feature (hashbrown
+    // 0.14's `nightly` does), which makes the trait we implement core's
+    // unstable one: without the gate this crate would stop compiling.
+    if rustc_is_nightly() {
+        println!("cargo:rustc-cfg=mkl_alloc_nightly");
+    }
+
     let result = mode().and_then(|mode| {
         if env::var_os("DOCS_RS").is_some() {
             return Ok(()); // docs need no MKL: link nothing, fetch nothing
@@ -192,6 +200,16 @@ fn main() {
             println!("cargo::error={line}");
         }
     }
+}
+
+fn rustc_is_nightly() -> bool {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    Command::new(rustc)
+        .arg("-V")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .is_some_and(|v| v.contains("-nightly") || v.contains("-dev"))
 }
 
 fn feature(name: &str) -> bool {

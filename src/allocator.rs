@@ -363,29 +363,34 @@ unsafe impl Blocks for MklAllocator {
     }
 }
 
-/// Implements allocator-api2's `Allocator` for a type implementing
-/// [`Blocks`], forwarding each method to the `api_*` functions.
+/// Implements the `Allocator` trait of one allocator-api line (the module
+/// path in the first brackets: `allocator_api2::alloc` and, with the
+/// `allocator-api2-04` feature, `allocator_api2_04::alloc`) for a type
+/// implementing [`Blocks`], forwarding each method to the `api_*` functions.
+/// The traits have the same shape; only the error type's path differs.
 macro_rules! allocator_via_blocks {
-    ([$($generics:tt)*] $ty:ty) => {
+    ([$($api:tt)*] [$($generics:tt)*] $ty:ty) => {
         // SAFETY: the `unsafe impl Blocks` for this type promises valid,
         // fitting blocks from one allocator; the api_* functions add
         // Allocator's remaining rules (zero-sized layouts never reach it,
         // grow_zeroed zeroes the tail, failure leaves the old block intact).
-        unsafe impl<$($generics)*> allocator_api2::alloc::Allocator for $ty {
+        unsafe impl<$($generics)*> $($api)*::Allocator for $ty {
             #[inline]
             fn allocate(
                 &self,
                 layout: core::alloc::Layout,
-            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+            ) -> Result<core::ptr::NonNull<[u8]>, $($api)*::AllocError> {
                 $crate::allocator::api_allocate(self, layout, false)
+                    .map_err(|_| $($api)*::AllocError)
             }
 
             #[inline]
             fn allocate_zeroed(
                 &self,
                 layout: core::alloc::Layout,
-            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+            ) -> Result<core::ptr::NonNull<[u8]>, $($api)*::AllocError> {
                 $crate::allocator::api_allocate(self, layout, true)
+                    .map_err(|_| $($api)*::AllocError)
             }
 
             #[inline]
@@ -400,9 +405,10 @@ macro_rules! allocator_via_blocks {
                 ptr: core::ptr::NonNull<u8>,
                 old: core::alloc::Layout,
                 new: core::alloc::Layout,
-            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+            ) -> Result<core::ptr::NonNull<[u8]>, $($api)*::AllocError> {
                 // SAFETY: the caller's grow contract, forwarded.
                 unsafe { $crate::allocator::api_grow(self, ptr, old, new, false) }
+                    .map_err(|_| $($api)*::AllocError)
             }
 
             #[inline]
@@ -411,9 +417,10 @@ macro_rules! allocator_via_blocks {
                 ptr: core::ptr::NonNull<u8>,
                 old: core::alloc::Layout,
                 new: core::alloc::Layout,
-            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+            ) -> Result<core::ptr::NonNull<[u8]>, $($api)*::AllocError> {
                 // SAFETY: the caller's grow contract, forwarded.
                 unsafe { $crate::allocator::api_grow(self, ptr, old, new, true) }
+                    .map_err(|_| $($api)*::AllocError)
             }
 
             #[inline]
@@ -422,13 +429,27 @@ macro_rules! allocator_via_blocks {
                 ptr: core::ptr::NonNull<u8>,
                 old: core::alloc::Layout,
                 new: core::alloc::Layout,
-            ) -> Result<core::ptr::NonNull<[u8]>, allocator_api2::alloc::AllocError> {
+            ) -> Result<core::ptr::NonNull<[u8]>, $($api)*::AllocError> {
                 // SAFETY: the caller's shrink contract, forwarded.
                 unsafe { $crate::allocator::api_shrink(self, ptr, old, new) }
+                    .map_err(|_| $($api)*::AllocError)
             }
         }
     };
 }
 pub(crate) use allocator_via_blocks;
 
-allocator_via_blocks!([] MklAllocator);
+/// Implements every enabled allocator-api line's `Allocator` for a type
+/// implementing [`Blocks`]: allocator-api2 0.2 always (under the `nightly`
+/// feature its trait is `core::alloc::Allocator` itself), 0.4 with the
+/// `allocator-api2-04` feature.
+macro_rules! allocator_impls {
+    ([$($generics:tt)*] $ty:ty) => {
+        $crate::allocator::allocator_via_blocks!([allocator_api2::alloc] [$($generics)*] $ty);
+        #[cfg(feature = "allocator-api2-04")]
+        $crate::allocator::allocator_via_blocks!([allocator_api2_04::alloc] [$($generics)*] $ty);
+    };
+}
+pub(crate) use allocator_impls;
+
+allocator_impls!([] MklAllocator);

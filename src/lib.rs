@@ -15,6 +15,8 @@
 //!
 //! MKL itself is found or provisioned by the build script; see the README.
 #![deny(unsafe_op_in_unsafe_fn)]
+// Set by build.rs on nightly compilers only: see the `nightly` feature.
+#![cfg_attr(mkl_alloc_nightly, feature(allocator_api))]
 #![warn(missing_docs)]
 
 // intel-mkl-src links an installed MKL in the chosen configuration (build.rs

@@ -17,7 +17,7 @@ use core::ptr;
 use std::alloc::System;
 
 use crate::MklAllocator;
-use crate::allocator::{Blocks, allocator_via_blocks, raw_alloc, raw_alloc_zeroed, raw_free};
+use crate::allocator::{Blocks, allocator_impls, raw_alloc, raw_alloc_zeroed, raw_free};
 
 /// The largest alignment a layout may ask for and still be served by the
 /// system allocator: what glibc's `malloc` gives every block on 64-bit
@@ -296,4 +296,4 @@ unsafe impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
     }
 }
 
-allocator_via_blocks!([const THRESHOLD: usize] MklSplitAllocator<THRESHOLD>);
+allocator_impls!([const THRESHOLD: usize] MklSplitAllocator<THRESHOLD>);

@@ -4,7 +4,7 @@
 //! resizer threads move the buffer from generation to generation. Every read
 //! must be consistent; prints operations per second and refusal counts.
 //!
-//! Run: `cargo test --release --all-features --test shared_vec_stress --
+//! Run: `cargo test --release --features serde,bytemuck --test shared_vec_stress --
 //! --ignored --nocapture` (`MKL_ALLOC_STRESS_GENERATIONS=<n>` and
 //! `MKL_ALLOC_STRESS_READS=<reads per reader>` change the size of the run).
 //!
