@@ -28,8 +28,6 @@ use pyo3::types::{PyBytes, PyCapsule, PyDict, PyInt, PyTuple};
 
 /// MKL-allocated memory exported to Python through the buffer protocol and DLPack.
 ///
-/// MKLMemory(source, alignment=64)
-///
 /// ``source`` is an ``int`` n >= 1 (n zero bytes) or any object exporting a
 /// buffer (its bytes copied in C order; the source stays exported during the
 /// copy). ``alignment`` is a power of two up to 2**30; the block's address is
@@ -294,10 +292,8 @@ impl MKLMemory {
         self.vec.len()
     }
 
-    /// tobytes() -> bytes
-    ///
-    /// A copy of the contents. Raises ``BufferError`` if another thread is
-    /// reallocating right now.
+    /// A copy of the contents, as ``bytes``. Raises ``BufferError`` if
+    /// another thread is reallocating right now.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let export = self.export("MKLMemory.tobytes()")?;
         // SAFETY: the export keeps `len` bytes in place; PyBytes copies them
@@ -305,8 +301,6 @@ impl MKLMemory {
         Ok(unsafe { PyBytes::from_ptr(py, export.as_ptr(), export.len()) })
     }
 
-    /// realloc(new_nbytes)
-    ///
     /// Resizes the block to ``new_nbytes`` (>= 1), keeping the contents up to
     /// the smaller size, zero-filling new bytes and keeping the alignment.
     /// Raises ``ValueError`` for ``new_nbytes < 1`` (checked first),
@@ -376,8 +370,6 @@ impl MKLMemory {
         }
     }
 
-    /// __dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)
-    ///
     /// A DLPack capsule of a 1-D uint8 CPU tensor over the block (no copy
     /// unless ``copy=True``). A versioned capsule is returned when
     /// ``max_version >= (1, 0)``, a legacy one otherwise. The capsule counts
@@ -424,7 +416,7 @@ impl MKLMemory {
         }
     }
 
-    /// __dlpack_device__() -> (1, 0): CPU (kDLCPU), device 0.
+    /// ``(1, 0)``: the block is CPU memory (kDLCPU), device 0.
     fn __dlpack_device__(&self) -> (i32, i32) {
         (dlpack::DEVICE_CPU, 0)
     }
@@ -509,8 +501,6 @@ fn _mem_stat() -> (u64, u64) {
     (s.bytes, s.buffers)
 }
 
-/// peak_mem_usage(mem_const) -> int | None
-///
 /// MKL's peak-memory tracking (``MKL_Peak_Mem_Usage``), as mkl-service's
 /// function of the same name: ``mem_const`` is ``"enable"`` (start
 /// tracking), ``"disable"`` (stop), ``"peak_mem"`` (the peak growth in bytes
@@ -541,8 +531,6 @@ fn peak_mem_usage(mem_const: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
     Ok((r != -1).then_some(r))
 }
 
-/// free_buffers()
-///
 /// Frees the memory MKL's memory manager keeps cached for reuse, in all
 /// threads (``MKL_Free_Buffers``), as mkl-service's function of the same
 /// name. Live blocks (every ``MKLMemory``) are not affected.
