@@ -14,7 +14,7 @@
 //! the buffer's state word); it touches no Python object, so it may run on
 //! any thread, attached to the interpreter or not.
 
-use core::ffi::c_void;
+use core::ffi::{CStr, c_void};
 use core::ptr::{self, NonNull};
 
 use mkl_alloc::Export;
@@ -30,9 +30,6 @@ const DTYPE_UINT: u8 = 1;
 const FLAG_IS_COPIED: u64 = 1 << 1;
 /// The ABI version this module writes into versioned tensors.
 const VERSION: DLPackVersion = DLPackVersion { major: 1, minor: 0 };
-
-const LEGACY_NAME: &core::ffi::CStr = c"dltensor";
-const VERSIONED_NAME: &core::ffi::CStr = c"dltensor_versioned";
 
 #[repr(C)]
 struct DLDevice {
@@ -81,20 +78,57 @@ struct DLManagedTensorVersioned {
     dl_tensor: DLTensor,
 }
 
-/// A legacy tensor and what it points into, in one allocation. The tensor
-/// comes first, so a pointer to it is a pointer to the whole.
-#[repr(C)]
-struct Legacy {
-    managed: DLManagedTensor,
-    shape: [i64; 1],
-    strides: [i64; 1],
-    export: Export<u8>,
+/// A DLPack tensor header (legacy or versioned) and how its capsule is named.
+trait Managed: Sized {
+    /// The capsule's name while unconsumed.
+    const NAME: &'static CStr;
+    /// A header over `tensor` whose deleter is `delete`.
+    fn new(tensor: DLTensor, copied: bool, delete: unsafe extern "C" fn(*mut Self)) -> Self;
+    fn tensor(&mut self) -> &mut DLTensor;
+    fn manager_ctx(&mut self) -> &mut *mut c_void;
 }
 
-/// A versioned tensor and what it points into, as [`Legacy`].
+impl Managed for DLManagedTensor {
+    const NAME: &'static CStr = c"dltensor";
+    fn new(dl_tensor: DLTensor, _copied: bool, delete: unsafe extern "C" fn(*mut Self)) -> Self {
+        Self {
+            dl_tensor,
+            manager_ctx: ptr::null_mut(),
+            deleter: Some(delete),
+        }
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    fn manager_ctx(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+impl Managed for DLManagedTensorVersioned {
+    const NAME: &'static CStr = c"dltensor_versioned";
+    fn new(dl_tensor: DLTensor, copied: bool, delete: unsafe extern "C" fn(*mut Self)) -> Self {
+        Self {
+            version: VERSION,
+            manager_ctx: ptr::null_mut(),
+            deleter: Some(delete),
+            flags: if copied { FLAG_IS_COPIED } else { 0 },
+            dl_tensor,
+        }
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    fn manager_ctx(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+/// A tensor header and what it points into, in one allocation. The header
+/// comes first, so a pointer to it is a pointer to the whole.
 #[repr(C)]
-struct Versioned {
-    managed: DLManagedTensorVersioned,
+struct Owned<M> {
+    managed: M,
     shape: [i64; 1],
     strides: [i64; 1],
     export: Export<u8>,
@@ -121,33 +155,16 @@ fn tensor(export: &Export<u8>) -> DLTensor {
     }
 }
 
-/// The tensor's length, as DLPack's `int64_t` (an export never exceeds
-/// `isize::MAX` bytes).
-fn extent(export: &Export<u8>) -> i64 {
-    i64::try_from(export.len()).expect("an MKL block is at most isize::MAX bytes")
-}
-
-/// Frees a legacy tensor and drops its export.
+/// The tensor's deleter: frees the allocation and drops its export.
 ///
 /// # Safety
-/// `tensor` is null or came from [`legacy_capsule`] and is deleted once.
-unsafe extern "C" fn delete_legacy(tensor: *mut DLManagedTensor) {
-    if !tensor.is_null() {
-        // SAFETY: the tensor is the first field of a boxed `Legacy` whose
-        // pointer (with the whole box's provenance) we handed out; the
-        // DLPack contract calls the deleter once.
-        drop(unsafe { Box::from_raw(tensor.cast::<Legacy>()) });
-    }
-}
-
-/// Frees a versioned tensor and drops its export.
-///
-/// # Safety
-/// `tensor` is null or came from [`versioned_capsule`] and is deleted once.
-unsafe extern "C" fn delete_versioned(tensor: *mut DLManagedTensorVersioned) {
-    if !tensor.is_null() {
-        // SAFETY: as in `delete_legacy`, for a boxed `Versioned`.
-        drop(unsafe { Box::from_raw(tensor.cast::<Versioned>()) });
+/// `managed` is null or the header of an `Owned<M>` made by [`capsule`],
+/// deleted once (the DLPack contract).
+unsafe extern "C" fn delete<M: Managed>(managed: *mut M) {
+    if !managed.is_null() {
+        // SAFETY: the header is the first field of a boxed `Owned<M>` whose
+        // pointer (with the whole box's provenance) we handed out.
+        drop(unsafe { Box::from_raw(managed.cast::<Owned<M>>()) });
     }
 }
 
@@ -155,70 +172,62 @@ unsafe extern "C" fn delete_versioned(tensor: *mut DLManagedTensorVersioned) {
 /// renamed the capsule, so the name no longer matches).
 ///
 /// # Safety
-/// Called by CPython with a live capsule, attached to the interpreter.
-unsafe extern "C" fn destroy_legacy_capsule(capsule: *mut ffi::PyObject) {
+/// Called by CPython with a live capsule made by [`capsule`], attached to
+/// the interpreter.
+unsafe extern "C" fn destroy_capsule<M: Managed>(capsule: *mut ffi::PyObject) {
     // SAFETY: a live capsule; IsValid and GetPointer with a matching name
-    // set no exception.
+    // set no exception, and an unconsumed capsule still owns its tensor.
     unsafe {
-        if ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) == 1 {
-            let tensor = ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr());
-            delete_legacy(tensor.cast());
+        if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
+            let managed = ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr());
+            delete::<M>(managed.cast());
         }
     }
 }
 
-/// As [`destroy_legacy_capsule`], for versioned capsules.
-///
-/// # Safety
-/// Called by CPython with a live capsule, attached to the interpreter.
-unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: as in `destroy_legacy_capsule`.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, VERSIONED_NAME.as_ptr()) == 1 {
-            let tensor = ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr());
-            delete_versioned(tensor.cast());
-        }
-    }
-}
-
-/// A `"dltensor"` capsule owning `export`.
-pub fn legacy_capsule(py: Python<'_>, export: Export<u8>) -> PyResult<Bound<'_, PyCapsule>> {
-    let len = extent(&export);
-    let boxed = Box::into_raw(Box::new(Legacy {
-        managed: DLManagedTensor {
-            dl_tensor: tensor(&export),
-            manager_ctx: ptr::null_mut(),
-            deleter: Some(delete_legacy),
-        },
+/// A capsule named `M::NAME` owning a tensor over `export`.
+fn capsule<M: Managed>(
+    py: Python<'_>,
+    export: Export<u8>,
+    copied: bool,
+) -> PyResult<Bound<'_, PyCapsule>> {
+    let len = i64::try_from(export.len()).expect("an MKL block is at most isize::MAX bytes");
+    let boxed = Box::into_raw(Box::new(Owned {
+        managed: M::new(tensor(&export), copied, delete::<M>),
         shape: [len],
         strides: [1],
         export,
     }));
     // SAFETY: `boxed` is a fresh, exclusively owned allocation: pointing the
     // tensor at its own shape/strides and itself is sound, and they stay put
-    // (the box is never moved, only freed by the deleter).
+    // (the box is never moved, only freed by the deleter). Shape and strides
+    // are reached through `boxed` itself, not through a reference, so the
+    // pointers a consumer reads keep the box's provenance.
     unsafe {
-        (*boxed).managed.dl_tensor.shape = ptr::addr_of_mut!((*boxed).shape).cast();
-        (*boxed).managed.dl_tensor.strides = ptr::addr_of_mut!((*boxed).strides).cast();
-        (*boxed).managed.manager_ctx = boxed.cast();
+        let shape = ptr::addr_of_mut!((*boxed).shape).cast::<i64>();
+        let strides = ptr::addr_of_mut!((*boxed).strides).cast::<i64>();
+        let managed = &mut (*boxed).managed;
+        managed.tensor().shape = shape;
+        managed.tensor().strides = strides;
+        *managed.manager_ctx() = boxed.cast();
     }
     let pointer = NonNull::new(boxed.cast::<c_void>()).expect("Box::into_raw is non-null");
-    // SAFETY: the pointer is a live `Legacy` that the capsule owns until a
-    // consumer renames it; the destructor deletes it otherwise and may run
-    // on any thread (it touches no Python object beyond the capsule).
-    let capsule = unsafe {
-        PyCapsule::new_with_pointer_and_destructor(
-            py,
-            pointer,
-            LEGACY_NAME,
-            Some(destroy_legacy_capsule),
-        )
+    // SAFETY: the pointer is a live `Owned<M>` that the capsule owns until a
+    // consumer renames it; the destructor deletes it otherwise and touches
+    // no Python object beyond the capsule.
+    let made = unsafe {
+        PyCapsule::new_with_pointer_and_destructor(py, pointer, M::NAME, Some(destroy_capsule::<M>))
     };
-    if capsule.is_err() {
+    if made.is_err() {
         // SAFETY: the capsule was not created, so we still own the tensor.
-        unsafe { delete_legacy(boxed.cast()) };
+        unsafe { delete::<M>(boxed.cast()) };
     }
-    capsule
+    made
+}
+
+/// A `"dltensor"` capsule owning `export`.
+pub fn legacy_capsule(py: Python<'_>, export: Export<u8>) -> PyResult<Bound<'_, PyCapsule>> {
+    capsule::<DLManagedTensor>(py, export, false)
 }
 
 /// A `"dltensor_versioned"` capsule owning `export`; `copied` sets
@@ -228,38 +237,5 @@ pub fn versioned_capsule(
     export: Export<u8>,
     copied: bool,
 ) -> PyResult<Bound<'_, PyCapsule>> {
-    let len = extent(&export);
-    let boxed = Box::into_raw(Box::new(Versioned {
-        managed: DLManagedTensorVersioned {
-            version: VERSION,
-            manager_ctx: ptr::null_mut(),
-            deleter: Some(delete_versioned),
-            flags: if copied { FLAG_IS_COPIED } else { 0 },
-            dl_tensor: tensor(&export),
-        },
-        shape: [len],
-        strides: [1],
-        export,
-    }));
-    // SAFETY: as in `legacy_capsule`.
-    unsafe {
-        (*boxed).managed.dl_tensor.shape = ptr::addr_of_mut!((*boxed).shape).cast();
-        (*boxed).managed.dl_tensor.strides = ptr::addr_of_mut!((*boxed).strides).cast();
-        (*boxed).managed.manager_ctx = boxed.cast();
-    }
-    let pointer = NonNull::new(boxed.cast::<c_void>()).expect("Box::into_raw is non-null");
-    // SAFETY: as in `legacy_capsule`, for a `Versioned`.
-    let capsule = unsafe {
-        PyCapsule::new_with_pointer_and_destructor(
-            py,
-            pointer,
-            VERSIONED_NAME,
-            Some(destroy_versioned_capsule),
-        )
-    };
-    if capsule.is_err() {
-        // SAFETY: the capsule was not created, so we still own the tensor.
-        unsafe { delete_versioned(boxed.cast()) };
-    }
-    capsule
+    capsule::<DLManagedTensorVersioned>(py, export, copied)
 }
