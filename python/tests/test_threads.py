@@ -96,3 +96,36 @@ def test_exporters_racing_a_reallocating_thread_lose_nothing():
     del m
     gc.collect()
     assert mkl_alloc.mem_stat() == baseline
+
+
+def test_realloc_copies_without_holding_the_interpreter():
+    # While one thread reallocs (copying tens of MiB), this thread keeps
+    # asking for exports. It can only ever see "another thread is
+    # reallocating" if realloc lets other Python threads run during its copy:
+    # with the interpreter held throughout, the claim would never be visible.
+    m = MKLMemory(32 << 20)
+    stop = threading.Event()
+
+    def reallocator():
+        while not stop.is_set():
+            try:
+                m.realloc(64 << 20 if m.nbytes == 32 << 20 else 32 << 20)
+            except BufferError:
+                pass  # this thread's export was alive: try again
+
+    t = threading.Thread(target=reallocator)
+    t.start()
+    seen = None
+    deadline = time.monotonic() + 30
+    try:
+        while seen is None and time.monotonic() < deadline:
+            try:
+                memoryview(m).release()
+            except BufferError as e:
+                seen = str(e)
+    finally:
+        stop.set()
+        t.join()
+    assert seen is not None, "no export ever met a realloc in progress"
+    assert "another thread is reallocating" in seen
+    assert m.exports == 0
