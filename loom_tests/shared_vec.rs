@@ -1,4 +1,5 @@
-//! Loom models of SharedMklVec's one-word protocol (issue 3, loom tests 1-9).
+//! Loom models of SharedMklVec's one-word protocol (issue 3, loom tests 1-9;
+//! issue 9: exports and exact resizes, 10-11).
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_shared_vec`.
@@ -419,6 +420,95 @@ fn t8b_view_limit_single_thread() {
         drop((a, b));
         assert_eq!(v.loom_state(), 0);
     });
+}
+
+// 10. an owned export (the raw-writer handle FFI uses) on another thread
+// against an exact resize: the export writes through its raw pointer, the
+// resize is refused (`Exported`) while it lives, and whichever comes second
+// sees the other's effect whole. Also run against the mutants (below).
+fn export_vs_exact_resize(mutant: Mutant) {
+    assert_explored(exhaustive(move || {
+        let v = Arc::new(SharedMklVec::from_slice(&[1u32, 2]).with_mutant(mutant));
+        let writer = {
+            let v = Arc::clone(&v);
+            thread::spawn(move || {
+                let export = SharedMklVec::export(&v)?;
+                let len = export.len();
+                // SAFETY: `len` elements kept in place by the export; no
+                // View of `v` is alive on any thread while it writes.
+                unsafe { export.as_mut_ptr().write(10 + len as u32) };
+                Ok::<usize, SharedVecError>(len)
+            })
+        };
+        let resized = v.try_resize_exact(4, 9);
+        let exported = writer.join().unwrap();
+        let all = contents(&v);
+        match (&resized, &exported) {
+            // The export ran wholly before the resize, or wholly after it.
+            (Ok(()), Ok(2)) => assert_eq!(all, [12, 2, 9, 9]),
+            (Ok(()), Ok(4)) => assert_eq!(all, [14, 2, 9, 9]),
+            // The export tried while the resize held the buffer.
+            (Ok(()), Err(SharedVecError::Busy)) => assert_eq!(all, [1, 2, 9, 9]),
+            // The resize tried while the export lived: nothing changed.
+            (Err(SharedVecError::Exported { views: 1 }), Ok(2)) => assert_eq!(all, [12, 2]),
+            other => panic!("outcome the contract forbids: {other:?}"),
+        }
+        if resized.is_ok() {
+            assert_eq!(v.capacity(), 4);
+        }
+        assert_eq!(v.loom_state(), 0);
+        assert_eq!(Arc::strong_count(&v), 1, "the export gave its Arc back");
+    }));
+}
+
+#[test]
+fn t10_export_refuses_an_exact_resize() {
+    export_vs_exact_resize(Mutant::None);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn t10_relaxed_orderings_are_caught_export_vs_exact_resize() {
+    export_vs_exact_resize(Mutant::RelaxedOrderings);
+}
+
+// 11. an exact resize (one claim: shrink the capacity, then fill) racing a
+// view: the view sees the buffer before or after, never between.
+#[test]
+fn t11_exact_resize_vs_view() {
+    assert_explored(exhaustive(|| {
+        let v = Arc::new(SharedMklVec::from_slice(&[1u32, 2, 3]));
+        let reader = {
+            let v = Arc::clone(&v);
+            thread::spawn(move || v.view().map(|view| view.to_vec()))
+        };
+        let shrunk = v.try_resize_exact(1, 0);
+        let grown = v.try_resize_exact(2, 7);
+        let seen = reader.join().unwrap();
+        match &seen {
+            Ok(s) => assert!(
+                s == &[1, 2, 3] || s == &[1] || s == &[1, 7] || s == &[1, 2],
+                "torn: {s:?}"
+            ),
+            Err(SharedVecError::Busy) => {}
+            Err(e) => panic!("unexpected refusal of the view: {e}"),
+        }
+        let after = contents(&v);
+        match (&shrunk, &grown) {
+            (Ok(()), Ok(())) => assert_eq!((after, v.capacity()), (vec![1, 7], 2)),
+            (Ok(()), Err(SharedVecError::Exported { views: 1 })) => {
+                assert_eq!((after, v.capacity()), (vec![1], 1))
+            }
+            (Err(SharedVecError::Exported { views: 1 }), Ok(())) => {
+                assert_eq!((after, v.capacity()), (vec![1, 2], 2))
+            }
+            (Err(SharedVecError::Exported { views: 1 }), Err(_)) => {
+                assert_eq!((after, v.capacity()), (vec![1, 2, 3], 3))
+            }
+            other => panic!("outcome the contract forbids: {other:?}"),
+        }
+        assert_eq!(v.loom_state(), 0);
+    }));
 }
 
 // 9. mutation checks: the model must catch a protocol with Relaxed

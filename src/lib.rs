@@ -11,7 +11,8 @@
 //!   huge pages (`madvise(MADV_HUGEPAGE)`; `MKL_ALLOC_HUGE_PAGES`).
 //! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
 //!   [`View`]s and one atomic word make resizing through `&self` safe (a
-//!   resize is refused, never blocked, while a view is alive).
+//!   resize is refused, never blocked, while a view is alive); an [`Export`]
+//!   is an owned, counted view for foreign (raw-pointer) readers and writers.
 //! - [`ffi`]: the raw bindings (upper-case `MKL_*` names only).
 //!
 //! MKL itself is found or provisioned by the build script; see the README.
@@ -64,7 +65,7 @@ pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 #[cfg(loom)]
 #[doc(hidden)]
 pub use shared_vec::Mutant;
-pub use shared_vec::{ArcView, SharedMklVec, SharedVecError, View, ViewMut};
+pub use shared_vec::{ArcView, Export, SharedMklVec, SharedVecError, View, ViewMut};
 pub use split::{DEFAULT_SPLIT_THRESHOLD, MklSplitAllocator, SPLIT_MAX_SMALL_ALIGN};
 
 // The README's code blocks are compiled and run as doctests.

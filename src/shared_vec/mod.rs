@@ -8,11 +8,13 @@
 //! immediate [`SharedVecError`].
 
 mod error;
+mod export;
 mod flag;
 mod raw;
 mod views;
 
 pub use error::SharedVecError;
+pub use export::Export;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use flag::Mutant;
@@ -357,7 +359,21 @@ impl<T: Copy> SharedMklVec<T> {
     pub fn try_clone_with_alignment(&self, align: usize) -> Result<Self, SharedVecError> {
         check_alignment(align)?;
         let source = self.view()?;
-        Self::from_slice_with_alignment(&source, align)
+        let block_align = Self::block_align_for(align);
+        let mut raw = RawBuf::allocate(source.len, block_align, false)?;
+        // Read through the raw pointer, never a `&[T]`: an `Export` may be
+        // writing these elements meanwhile (see export.rs for what a copy
+        // racing such a writer guarantees).
+        // SAFETY: the view keeps `source.ptr` live with `source.len`
+        // initialised elements for the whole copy; the fresh block has room
+        // for `source.len` and is a distinct allocation. set_len comes after
+        // the copy: `source.len` ≤ the capacity, and that many elements are
+        // now initialised.
+        unsafe {
+            core::ptr::copy_nonoverlapping(source.ptr.as_ptr(), raw.ptr().as_ptr(), source.len);
+            raw.set_len(source.len);
+        }
+        Ok(Self::from_raw(raw, align))
     }
 
     /// Elements in the buffer.
@@ -553,6 +569,33 @@ impl<T: Copy> SharedMklVec<T> {
     pub fn try_resize(&self, new_len: usize, value: T) -> Result<(), SharedVecError> {
         RawBuf::<T>::bytes_for(new_len)?;
         self.exclusive(|raw| raw.resize(new_len, value))
+    }
+
+    /// Resizes to exactly `new_len` elements under one exclusive claim:
+    /// elements up to `min(len, new_len)` are kept, new ones are `value`, and
+    /// on success the capacity is exactly `new_len` (one `MKL_realloc`, or
+    /// none if it already was; the block is freed for `new_len == 0`). For
+    /// zero-sized `T` the capacity stays unbounded.
+    ///
+    /// Errors: `CapacityOverflow` (checked first, even while views live),
+    /// then `Exported` / `Busy`, then `AllocFailed`; on error the pointer,
+    /// length, capacity and contents are exactly as before.
+    ///
+    /// ```
+    /// use mkl_alloc::{SharedMklVec, SharedVecError};
+    ///
+    /// let v = SharedMklVec::from_slice(&[1u8, 2, 3]);
+    /// v.try_resize_exact(5, 0).unwrap();
+    /// assert_eq!((v.len(), v.capacity()), (5, 5));
+    /// assert_eq!(&*v.view().unwrap(), &[1, 2, 3, 0, 0]);
+    /// v.try_resize_exact(2, 0).unwrap();
+    /// assert_eq!((v.len(), v.capacity()), (2, 2));
+    /// let view = v.view().unwrap();
+    /// assert_eq!(v.try_resize_exact(8, 0), Err(SharedVecError::Exported { views: 1 }));
+    /// ```
+    pub fn try_resize_exact(&self, new_len: usize, value: T) -> Result<(), SharedVecError> {
+        RawBuf::<T>::bytes_for(new_len)?;
+        self.exclusive(|raw| raw.resize_exact(new_len, value))
     }
 
     /// Makes room for at least `additional` more elements (geometric growth).

@@ -125,7 +125,6 @@ impl<T: Copy> RawBuf<T> {
     /// # Safety
     /// `len <= self.cap()`, and the first `len` elements are initialised
     /// (valid values of `T`).
-    #[cfg(feature = "bytemuck")]
     #[inline]
     pub(super) unsafe fn set_len(&mut self, len: usize) {
         debug_assert!(len <= self.cap);
@@ -242,6 +241,22 @@ impl<T: Copy> RawBuf<T> {
         }
         self.len = new_len;
         Ok(())
+    }
+
+    /// Exactly `new_len` elements in a block of exactly `new_len` (the new
+    /// elements are `value`): one reallocation at most. On any error nothing
+    /// has changed.
+    pub(super) fn resize_exact(&mut self, new_len: usize, value: T) -> Result<(), SharedVecError> {
+        let old_len = self.len;
+        self.truncate(new_len);
+        if let Err(e) = self.set_capacity(new_len) {
+            // Truncating touched no element and set_capacity changed nothing:
+            // restoring the length restores the buffer.
+            self.len = old_len;
+            return Err(e);
+        }
+        // The capacity is new_len now: this only writes the new elements.
+        self.resize(new_len, value)
     }
 
     pub(super) fn truncate(&mut self, len: usize) {

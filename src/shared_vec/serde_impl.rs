@@ -22,9 +22,10 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::mem::size_of;
+use core::ptr::NonNull;
 
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::ser::{Error as _, Serialize, SerializeStruct, Serializer};
+use serde::ser::{Error as _, Serialize, SerializeSeq, SerializeStruct, Serializer};
 
 use super::{MIN_ALIGN, SharedMklVec, check_alignment};
 
@@ -38,13 +39,43 @@ const MAX_PREALLOC_BYTES: usize = 1 << 20;
 impl<T: Copy + Serialize> Serialize for SharedMklVec<T> {
     /// Serialises under a view, so a concurrent resize is refused meanwhile;
     /// fails (with the [`SharedVecError`](super::SharedVecError) message) if
-    /// the buffer is held exclusively. The alignment is written first.
+    /// the buffer is held exclusively. The alignment is written first. The
+    /// elements are read one by one through the raw pointer, never as a
+    /// `&[T]`, since an [`Export`](super::Export) may be writing them (see
+    /// its docs).
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let view = self.view().map_err(S::Error::custom)?;
         let mut state = serializer.serialize_struct("SharedMklVec", 2)?;
         state.serialize_field("alignment", &self.alignment())?;
-        state.serialize_field("data", &*view)?;
+        state.serialize_field(
+            "data",
+            &RawElements {
+                ptr: view.ptr,
+                len: view.len,
+            },
+        )?;
         state.end()
+    }
+}
+
+/// The elements of a view, serialised as a sequence read through the raw
+/// pointer. Only built while that view is alive.
+struct RawElements<T> {
+    ptr: NonNull<T>,
+    len: usize,
+}
+
+impl<T: Copy + Serialize> Serialize for RawElements<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.len))?;
+        for i in 0..self.len {
+            // SAFETY: the enclosing view keeps `ptr` live with `len`
+            // initialised, aligned elements; `read` copies one out without
+            // forming a reference to the block.
+            let item = unsafe { self.ptr.as_ptr().add(i).read() };
+            seq.serialize_element(&item)?;
+        }
+        seq.end()
     }
 }
 

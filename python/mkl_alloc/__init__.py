@@ -1,0 +1,94 @@
+"""MKL-allocated memory for Python, exported to NumPy without copies.
+
+``MKLMemory(source, alignment=64)`` is a block of Intel oneMKL memory
+(``mkl_malloc``-family, aligned to any power of two up to 2**30) that
+exports itself through the buffer protocol (``memoryview``,
+``np.frombuffer``, ``np.asarray``) and DLPack (``np.from_dlpack``), and
+counts its live exports so that ``realloc`` is refused (``BufferError``)
+while any of them lives. It is built on the Rust crate mkl-alloc's
+``SharedMklVec``, whose one-word view/resize protocol is checked by loom,
+so the count and the realloc cannot race, with or without the GIL.
+
+The module functions ``mem_stat()``, ``peak_mem_usage(mem_const)`` and
+``free_buffers()`` mirror mkl-service's functions of the same names and act
+on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``).
+"""
+
+from collections import namedtuple as _namedtuple
+
+
+def _load_mkl_rt():
+    """Loads the `mkl` wheel's libmkl_rt.so.3, found through its installed
+    file list, for extensions whose RUNPATH does not lead to it (an editable
+    install keeps the extension in the source tree). The extension then
+    finds it already loaded, by its soname: still the one MKL."""
+    import ctypes
+    import importlib.metadata
+
+    for f in importlib.metadata.distribution("mkl").files or []:
+        if f.name == "libmkl_rt.so.3":
+            # RTLD_GLOBAL, as mkl-service loads it.
+            ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
+            return
+    raise ImportError("the `mkl` package is installed without libmkl_rt.so.3")
+
+
+try:
+    from . import _native
+except ImportError as _e:
+    if "libmkl_rt" not in str(_e):
+        raise
+    _load_mkl_rt()
+    from . import _native
+
+from ._native import MAX_ALIGNMENT, MKLMemory, free_buffers, peak_mem_usage
+from ._native import _mem_stat
+
+__all__ = [
+    "MKLMemory",
+    "MemStat",
+    "mem_stat",
+    "peak_mem_usage",
+    "free_buffers",
+    "MAX_ALIGNMENT",
+]
+
+__version__ = "0.1.0"
+
+
+class MemStat(_namedtuple("MemStat", ["allocated_bytes", "allocated_buffers"])):
+    """What MKL's memory manager has allocated: ``(bytes, buffers)``.
+
+    A tuple, so ``nbytes, nbuffers = mem_stat()`` works; it can also be
+    read by mkl-service's dict keys: ``mem_stat()["allocated_bytes"]``.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                return getattr(self, key)
+            except AttributeError:
+                raise KeyError(key) from None
+        return super().__getitem__(key)
+
+
+def mem_stat():
+    """mem_stat() -> MemStat(allocated_bytes, allocated_buffers)
+
+    Bytes and blocks MKL's memory manager has allocated right now
+    (``MKL_Mem_Stat``), including every ``MKLMemory``'s block. As
+    mkl-service's ``mkl.mem_stat()``, which returns the same two numbers as
+    a dict with these keys.
+    """
+    return MemStat(*_mem_stat())
+
+
+def _rebuild(cls, data, alignment):
+    """Pickling and copy constructor: ``cls`` (MKLMemory or a subclass)
+    holding a copy of ``data``'s bytes at ``alignment``, built without
+    calling ``cls.__init__`` (as pickle does for ordinary classes)."""
+    if not (isinstance(cls, type) and issubclass(cls, MKLMemory)):
+        raise TypeError(f"_rebuild: {cls!r} is not MKLMemory or a subclass of it")
+    return MKLMemory.__new__(cls, data, alignment)

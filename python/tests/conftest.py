@@ -1,0 +1,57 @@
+"""Shared helpers for the mkl_alloc tests."""
+
+import ctypes
+
+import pytest
+
+PyBUF_SIMPLE = 0
+PyBUF_WRITABLE = 0x0001
+PyBUF_FORMAT = 0x0004
+PyBUF_ND = 0x0008
+PyBUF_STRIDES = 0x0010 | PyBUF_ND
+PyBUF_FULL_RO = PyBUF_STRIDES | 0x0100 | PyBUF_FORMAT
+
+
+class Py_buffer(ctypes.Structure):
+    """CPython's Py_buffer (stable layout since 3.3)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.py_object),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(Py_buffer)]
+_release_buffer.restype = None
+
+
+def get_buffer(obj, flags):
+    """PyObject_GetBuffer(obj, flags) through ctypes: a filled Py_buffer
+    (release it with release_buffer) or the exporter's exception."""
+    view = Py_buffer()
+    if _get_buffer(obj, ctypes.byref(view), flags) != 0:
+        raise AssertionError("unreachable: ctypes.pythonapi raises the error")
+    return view
+
+
+def release_buffer(view):
+    _release_buffer(ctypes.byref(view))
+
+
+@pytest.fixture
+def pattern():
+    """256 distinct-enough bytes."""
+    return bytes((i * 37 + 11) % 256 for i in range(256))

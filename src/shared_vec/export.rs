@@ -1,0 +1,219 @@
+//! [`Export`]: an owned, counted export of a [`SharedMklVec`] for code that
+//! writes the elements through a raw pointer (FFI: Python's buffer protocol,
+//! DLPack, a C library filling the buffer).
+//!
+//! A [`View`](super::View) hands out `&[T]`, and Rust assumes nobody writes
+//! under a live `&[T]`: a foreign writer behind one would be undefined
+//! behaviour. An export instead yields a `*mut T` with the block's own
+//! provenance (the pointer MKL returned, never derived from a reference) and
+//! the length read from the buffer itself. It counts in the same state word
+//! as views, so while it lives every resize is refused with
+//! [`Exported`](super::SharedVecError::Exported) and the block is neither
+//! moved nor freed.
+
+use core::fmt;
+use core::ptr::NonNull;
+
+use super::{RawBuf, SharedMklVec, SharedVecError};
+use crate::sync::{Arc, ReadTrack};
+
+/// An owned, counted export of a [`SharedMklVec`] held in an `Arc`: `'static`
+/// and `Send`, it keeps the vector alive and its block in place, and gives a
+/// raw pointer through which the elements may be written.
+///
+/// Taken with [`SharedMklVec::export`]; it counts as a view (resizes are
+/// refused with `Exported` while it lives) and gives its count back on drop.
+///
+/// # Writing through an export
+///
+/// [`as_mut_ptr`](Self::as_mut_ptr) points at [`len`](Self::len) initialised
+/// elements, valid for reads and writes until the export is dropped. Writing
+/// through it is `unsafe` and the caller guarantees:
+///
+/// * no Rust reference to the written elements is alive meanwhile: no
+///   [`View`](super::View) or [`ArcView`](super::ArcView) of the same vector
+///   (whose `&[T]` promises the elements do not change) is dereferenced while
+///   the write may happen;
+/// * concurrent writers (other exports, other threads) are synchronised with
+///   each other and with concurrent readers by the caller, as in C.
+///
+/// The crate's own copy paths ([`try_clone`](SharedMklVec::try_clone), `serde`
+/// serialisation) never form a `&[T]`: they read through the raw pointer, so
+/// an export's writer does not invalidate a Rust reference under them. If
+/// such a writer runs concurrently with the copy, the copied bytes of the
+/// elements being written are unspecified (old, new, or a mix), exactly as
+/// for C's `memcpy` racing a writer; the copy is never torn across a resize,
+/// since the copy holds a view.
+///
+/// ```
+/// use std::sync::Arc;
+/// use mkl_alloc::{SharedMklVec, SharedVecError};
+///
+/// let v = Arc::new(SharedMklVec::from_slice(&[0u8; 4]));
+/// let export = SharedMklVec::export(&v).unwrap();
+/// assert_eq!(v.try_push(1), Err(SharedVecError::Exported { views: 1 }));
+/// let written = std::thread::spawn(move || {
+///     // SAFETY: 4 elements, no View of `v` is alive, and this thread is the
+///     // only writer.
+///     unsafe { export.as_mut_ptr().add(3).write(7) };
+///     drop(export);
+/// });
+/// written.join().unwrap();
+/// assert_eq!(&*v.view().unwrap(), &[0, 0, 0, 7]);
+/// v.try_push(1).unwrap();
+/// ```
+pub struct Export<T: Copy> {
+    vec: Arc<SharedMklVec<T>>,
+    ptr: NonNull<T>,
+    len: usize,
+    track: ReadTrack<RawBuf<T>>,
+}
+
+impl<T: Copy> SharedMklVec<T> {
+    /// An owned export of a vector held in an `Arc`, for raw (foreign)
+    /// readers and writers: see [`Export`] for the write contract.
+    ///
+    /// Errors: [`Busy`](SharedVecError::Busy) while a resize or mutable view
+    /// holds the buffer, [`TooManyViews`](SharedVecError::TooManyViews) at
+    /// the limit. While the export lives, resizes are refused with
+    /// [`Exported`](SharedVecError::Exported) (it counts as a view).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// let v = Arc::new(SharedMklVec::from_slice(&[1.0f64, 2.0]));
+    /// let export = SharedMklVec::export(&v).unwrap();
+    /// assert_eq!(export.len(), 2);
+    /// assert_eq!(v.view_count(), 1);
+    /// drop(export);
+    /// assert_eq!(v.view_count(), 0);
+    /// ```
+    pub fn export(this: &Arc<Self>) -> Result<Export<T>, SharedVecError> {
+        this.flag.try_view()?;
+        // From here the count keeps writers out; read only after taking it.
+        let track = this.raw.track_read();
+        // SAFETY: the count taken above keeps every writer out until the
+        // export gives it back; the pair stays valid that long.
+        let (ptr, len) = unsafe { this.read_raw() };
+        Ok(Export {
+            vec: Arc::clone(this),
+            ptr,
+            len,
+            track,
+        })
+    }
+}
+
+impl<T: Copy> Export<T> {
+    /// The first element, with the block's provenance: valid for reads and
+    /// writes of [`len`](Self::len) elements while the export lives (writes
+    /// under the contract in [`Export`]'s documentation). Dangling but
+    /// aligned when the buffer holds no block.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// let v = Arc::new(SharedMklVec::<u32>::with_alignment(4, 256).unwrap());
+    /// v.try_resize(4, 0).unwrap();
+    /// let export = SharedMklVec::export(&v).unwrap();
+    /// assert_eq!(export.as_mut_ptr() as usize % 256, 0);
+    /// // SAFETY: 4 elements; no View of `v` is alive; one writer.
+    /// unsafe { export.as_mut_ptr().write_bytes(0xff, 4) };
+    /// drop(export);
+    /// assert_eq!(&*v.view().unwrap(), &[u32::MAX; 4]);
+    /// ```
+    #[inline]
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// The first element, for reading (the same pointer as
+    /// [`as_mut_ptr`](Self::as_mut_ptr)).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// let v = Arc::new(SharedMklVec::from_slice(&[5u16, 6]));
+    /// let export = SharedMklVec::export(&v).unwrap();
+    /// // SAFETY: two initialised elements, no concurrent writer.
+    /// assert_eq!(unsafe { export.as_ptr().add(1).read() }, 6);
+    /// ```
+    #[inline]
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// Elements in the exported buffer, read from the buffer itself when the
+    /// export was taken; it stays true while the export lives.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// let v = Arc::new(SharedMklVec::from_slice(&[0u8; 10]));
+    /// assert_eq!(SharedMklVec::export(&v).unwrap().len(), 10);
+    /// ```
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether [`len`](Self::len) is 0.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// let v = Arc::new(SharedMklVec::<u8>::new());
+    /// assert!(SharedMklVec::export(&v).unwrap().is_empty());
+    /// ```
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The vector this export belongs to.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use mkl_alloc::{Export, SharedMklVec};
+    ///
+    /// let v = Arc::new(SharedMklVec::from_slice(&[1u8]));
+    /// let export = SharedMklVec::export(&v).unwrap();
+    /// assert!(Arc::ptr_eq(Export::owner(&export), &v));
+    /// ```
+    pub fn owner(this: &Self) -> &Arc<SharedMklVec<T>> {
+        &this.vec
+    }
+}
+
+impl<T: Copy> Drop for Export<T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.track.release();
+        self.vec.flag.release_view();
+    }
+}
+
+impl<T: Copy> fmt::Debug for Export<T> {
+    /// Pointer and length (the elements are not read: a foreign writer may
+    /// be writing them).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Export")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: an `Export` holds an `Arc<SharedMklVec<T>>` (`Send` when the
+// vector is `Send + Sync`: `T: Send + Sync`) and a raw pointer into the block
+// that `Arc` keeps alive; the elements reached through it may be read (`T:
+// Sync`) or written (`T: Send`) from the thread holding the export.
+unsafe impl<T: Copy + Send + Sync> Send for Export<T> {}
+// SAFETY: `&Export` gives only the raw pointer, the length and `&Arc<..>`;
+// every access through the pointer is the caller's `unsafe` responsibility.
+unsafe impl<T: Copy + Send + Sync> Sync for Export<T> {}
