@@ -172,12 +172,16 @@ impl<T: Copy> RawBuf<T> {
         Ok(())
     }
 
+    /// The capacity `additional` more elements need.
+    fn required(&self, additional: usize) -> Result<usize, SharedVecError> {
+        self.len
+            .checked_add(additional)
+            .ok_or(SharedVecError::CapacityOverflow)
+    }
+
     /// Room for `additional` more elements, growing geometrically like `Vec`.
     pub(super) fn reserve(&mut self, additional: usize) -> Result<(), SharedVecError> {
-        let required = self
-            .len
-            .checked_add(additional)
-            .ok_or(SharedVecError::CapacityOverflow)?;
+        let required = self.required(additional)?;
         if required <= self.cap {
             return Ok(());
         }
@@ -197,10 +201,7 @@ impl<T: Copy> RawBuf<T> {
 
     /// Room for exactly `additional` more elements.
     pub(super) fn reserve_exact(&mut self, additional: usize) -> Result<(), SharedVecError> {
-        let required = self
-            .len
-            .checked_add(additional)
-            .ok_or(SharedVecError::CapacityOverflow)?;
+        let required = self.required(additional)?;
         if required <= self.cap {
             return Ok(());
         }
