@@ -12,10 +12,14 @@
 //! itself lands on huge pages. No extra alignment is forced on the caller;
 //! blocks below the threshold, and shrinks, are untouched.
 //!
-//! **Off by default.** The first huge page of a fresh process can stall for
-//! over a second while the kernel compacts memory (`defrag=madvise`, the
-//! Debian default); see the README's performance section for the measurements
-//! behind this choice. Turn it on with [`enable`] or the environment variable
+//! **Off by default.** The first huge pages of a process, or huge pages that
+//! come from memory the machine has not used recently, can cost more than
+//! they save: up to 4x slower first touch, single stalls over a second
+//! (4.5 s for a first 1 GiB block on the development VM, most likely because
+//! its host takes freed memory back; on bare metal, direct compaction under
+//! `defrag=madvise` plays that role). The README's performance section has
+//! the measurements behind this choice. Turn it on with [`enable`] or the
+//! environment variable
 //! `MKL_ALLOC_HUGE_PAGES`:
 //!
 //! | `MKL_ALLOC_HUGE_PAGES` | Policy |
