@@ -12,10 +12,9 @@
 //! moved nor freed.
 
 use core::fmt;
-use core::ptr::NonNull;
 
-use super::{RawBuf, SharedMklVec, SharedVecError};
-use crate::sync::{Arc, ReadTrack};
+use super::{ArcView, SharedMklVec, SharedVecError};
+use crate::sync::Arc;
 
 /// An owned, counted export of a [`SharedMklVec`] held in an `Arc`: `'static`
 /// and `Send`, it keeps the vector alive and its block in place, and gives a
@@ -63,10 +62,9 @@ use crate::sync::{Arc, ReadTrack};
 /// v.try_push(1).unwrap();
 /// ```
 pub struct Export<T: Copy> {
-    vec: Arc<SharedMklVec<T>>,
-    ptr: NonNull<T>,
-    len: usize,
-    track: ReadTrack<RawBuf<T>>,
+    /// The count, the `Arc` and the pointer: an [`ArcView`] that is never
+    /// dereferenced, so no `&[T]` is ever formed over the elements.
+    view: ArcView<T>,
 }
 
 impl<T: Copy> SharedMklVec<T> {
@@ -90,18 +88,7 @@ impl<T: Copy> SharedMklVec<T> {
     /// assert_eq!(v.view_count(), 0);
     /// ```
     pub fn export(this: &Arc<Self>) -> Result<Export<T>, SharedVecError> {
-        this.flag.try_view()?;
-        // From here the count keeps writers out; read only after taking it.
-        let track = this.raw.track_read();
-        // SAFETY: the count taken above keeps every writer out until the
-        // export gives it back; the pair stays valid that long.
-        let (ptr, len) = unsafe { this.read_raw() };
-        Ok(Export {
-            vec: Arc::clone(this),
-            ptr,
-            len,
-            track,
-        })
+        Self::view_arc(this).map(|view| Export { view })
     }
 }
 
@@ -126,7 +113,7 @@ impl<T: Copy> Export<T> {
     /// ```
     #[inline]
     pub fn as_mut_ptr(&self) -> *mut T {
-        self.ptr.as_ptr()
+        self.view.ptr.as_ptr()
     }
 
     /// The first element, for reading (the same pointer as
@@ -143,7 +130,7 @@ impl<T: Copy> Export<T> {
     /// ```
     #[inline]
     pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
+        self.view.ptr.as_ptr()
     }
 
     /// Elements in the exported buffer, read from the buffer itself when the
@@ -158,7 +145,7 @@ impl<T: Copy> Export<T> {
     /// ```
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.view.len
     }
 
     /// Whether [`len`](Self::len) is 0.
@@ -172,7 +159,7 @@ impl<T: Copy> Export<T> {
     /// ```
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.view.len == 0
     }
 
     /// The vector this export belongs to.
@@ -186,15 +173,7 @@ impl<T: Copy> Export<T> {
     /// assert!(Arc::ptr_eq(Export::owner(&export), &v));
     /// ```
     pub fn owner(this: &Self) -> &Arc<SharedMklVec<T>> {
-        &this.vec
-    }
-}
-
-impl<T: Copy> Drop for Export<T> {
-    #[inline]
-    fn drop(&mut self) {
-        self.track.release();
-        self.vec.flag.release_view();
+        &this.view.vec
     }
 }
 
@@ -203,17 +182,12 @@ impl<T: Copy> fmt::Debug for Export<T> {
     /// be writing them).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Export")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
+            .field("ptr", &self.view.ptr)
+            .field("len", &self.view.len)
             .finish()
     }
 }
 
-// SAFETY: an `Export` holds an `Arc<SharedMklVec<T>>` (`Send` when the
-// vector is `Send + Sync`: `T: Send + Sync`) and a raw pointer into the block
-// that `Arc` keeps alive; the elements reached through it may be read (`T:
-// Sync`) or written (`T: Send`) from the thread holding the export.
-unsafe impl<T: Copy + Send + Sync> Send for Export<T> {}
-// SAFETY: `&Export` gives only the raw pointer, the length and `&Arc<..>`;
-// every access through the pointer is the caller's `unsafe` responsibility.
-unsafe impl<T: Copy + Send + Sync> Sync for Export<T> {}
+// `Send` and `Sync` come from the `ArcView` inside, under the same bounds:
+// the elements reached through the pointer are read (`T: Sync`) or written
+// (`T: Send`) only in the caller's `unsafe` code.
