@@ -10,7 +10,7 @@ use core::ptr::{self, NonNull};
 
 use allocator_api2::alloc::AllocError;
 
-use crate::{ffi, huge_pages};
+use crate::{block_cache, ffi, huge_pages};
 
 /// Every block [`MklAllocator`] hands out is aligned to at least this many
 /// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
@@ -33,12 +33,19 @@ pub(crate) fn mkl_align(align: usize) -> Option<c_int> {
     }
 }
 
-/// `MKL_malloc(size, max(64, align))`; null if MKL fails or cannot express `align`.
+/// `MKL_malloc(size, max(64, align))`; null if MKL fails or cannot express
+/// `align`. A size the block cache covers is first looked up there.
 ///
 /// # Safety
 /// `size > 0`, `align` a power of two.
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
+    if block_cache::covers(size) {
+        let cached = block_cache::take(size, mkl_block_align(align));
+        if !cached.is_null() {
+            return cached;
+        }
+    }
     let p: *mut u8 = match mkl_align(align) {
         // SAFETY: MKL_malloc takes any size and a positive power-of-two
         // alignment (mkl_align's result); it returns null on failure.
@@ -53,15 +60,17 @@ pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 }
 
 /// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure. A block
-/// the huge-page policy covers is `raw_alloc` (advised) zeroed by hand.
+/// the huge-page policy or the block cache covers is `raw_alloc` (advised,
+/// or cached) zeroed by hand.
 ///
 /// # Safety
 /// As [`raw_alloc`].
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
-    if huge_pages::applies(size) {
+    if huge_pages::applies(size) || block_cache::covers(size) {
         // MKL_calloc writes every byte (it faults the whole block in before
-        // any advice could apply): allocate, advise, then zero.
+        // any advice could apply, and cannot take a cached block): allocate,
+        // then zero, which costs no more.
         // SAFETY: the caller's contract, forwarded; the block, if any, holds
         // `size` bytes.
         unsafe {
@@ -79,14 +88,26 @@ pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
     }
 }
 
-/// `MKL_free(ptr)`.
+/// `MKL_free(ptr)`, or into the block cache where it covers `size`.
 ///
 /// # Safety
-/// `ptr` came from `raw_alloc*`/`raw_realloc` and is not used again.
+/// `ptr` came from `raw_alloc*`/`raw_realloc` with a size of at least
+/// `size` bytes, and is not used again.
 #[inline(always)]
-pub(crate) unsafe fn raw_free(ptr: *mut u8) {
+pub(crate) unsafe fn raw_free(ptr: *mut u8, size: usize) {
+    // SAFETY: a live MKL block of at least `size` bytes that the caller
+    // gives up (caller's contract).
+    if block_cache::covers(size) && unsafe { block_cache::give(ptr, size) } {
+        return;
+    }
     // SAFETY: the caller passes a live MKL block, freed exactly once.
     unsafe { ffi::MKL_free(ptr.cast()) }
+}
+
+/// The alignment every block MKL hands out has: `max(64, align)`.
+#[inline(always)]
+fn mkl_block_align(align: usize) -> usize {
+    align.max(MIN_ALIGN)
 }
 
 /// `MKL_realloc(ptr, new_size)`, keeping the block aligned to `max(64, align)`.
@@ -105,8 +126,9 @@ pub(crate) unsafe fn raw_free(ptr: *mut u8) {
 /// 128 B, 1 000 B -> 2 000 B, 1 MiB -> 2 MiB, 16 MiB -> 32 MiB, and all 21
 /// steps of a doubling from 64 B to 128 MiB), fast memory manager on or off.
 ///
-/// A growth to a size the huge-page policy covers is done by
-/// [`grow_advised`] instead, so that the copy lands on advised memory.
+/// A growth to a size the huge-page policy or the block cache covers is
+/// done by [`grow_by_move`] instead, so that the copy lands on advised
+/// memory, takes a cached block, and the old block goes to the cache.
 ///
 /// # Safety
 /// `ptr` is a live MKL block of `old_size` bytes allocated with an alignment
@@ -118,9 +140,9 @@ pub(crate) unsafe fn raw_realloc(
     new_size: usize,
     align: usize,
 ) -> *mut u8 {
-    if new_size > old_size && huge_pages::applies(new_size) {
+    if new_size > old_size && (huge_pages::applies(new_size) || block_cache::covers(new_size)) {
         // SAFETY: the caller's contract, forwarded.
-        return unsafe { grow_advised(ptr, old_size, new_size, align) };
+        return unsafe { grow_by_move(ptr, old_size, new_size, align) };
     }
     // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
     // null and leaves it intact, or frees it and returns the new block.
@@ -134,10 +156,12 @@ pub(crate) unsafe fn raw_realloc(
     unsafe { realign(new, old_size.min(new_size), new_size, mask + 1) }
 }
 
-/// Growth under the huge-page policy: a fresh block (advised by
-/// [`raw_alloc`] before anything touches it), the old contents copied into
-/// it, the old block freed. `MKL_realloc` would copy into fresh *unadvised*
-/// memory, faulting it in 4 KiB pages. The guarantees are `raw_realloc`'s:
+/// Growth under the huge-page policy or the block cache: a fresh block
+/// ([`raw_alloc`]: a cached one, or one advised before anything touches
+/// it), the old contents copied into it, the old block freed (into the
+/// cache where it covers it). `MKL_realloc` would copy into fresh
+/// *unadvised* memory, faulting it in 4 KiB pages, and free the old block
+/// behind the cache's back. The guarantees are `raw_realloc`'s:
 /// contents, alignment `max(64, align)`, and on failure null with the old
 /// block untouched.
 ///
@@ -145,7 +169,7 @@ pub(crate) unsafe fn raw_realloc(
 /// As [`raw_realloc`], and `new_size > old_size`.
 #[cold]
 #[inline(never)]
-unsafe fn grow_advised(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
+unsafe fn grow_by_move(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
     // SAFETY: new_size > 0 and align is a power of two (caller's contract).
     let fresh = unsafe { raw_alloc(new_size, align) };
     if !fresh.is_null() {
@@ -153,7 +177,7 @@ unsafe fn grow_advised(ptr: *mut u8, old_size: usize, new_size: usize, align: us
         // the new one more; the old one is freed once and not used again.
         unsafe {
             ptr::copy_nonoverlapping(ptr, fresh, old_size);
-            raw_free(ptr);
+            raw_free(ptr, old_size);
         }
     }
     fresh
@@ -177,7 +201,7 @@ unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mu
     // is a live MKL block freed exactly once.
     unsafe {
         ptr::copy_nonoverlapping(block, fresh, keep);
-        raw_free(block);
+        raw_free(block, size);
     }
     fresh
 }
@@ -234,9 +258,9 @@ unsafe impl GlobalAlloc for MklAllocator {
     }
 
     #[inline]
-    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
-        // SAFETY: ptr came from this allocator (caller's contract).
-        unsafe { raw_free(ptr) }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: ptr came from this allocator with `layout` (caller's contract).
+        unsafe { raw_free(ptr, layout.size()) }
     }
 
     #[inline]
@@ -396,9 +420,9 @@ unsafe impl Blocks for MklAllocator {
     }
 
     #[inline(always)]
-    unsafe fn free_block(&self, ptr: *mut u8, _layout: Layout) {
-        // SAFETY: a live MKL block (trait contract), freed once.
-        unsafe { raw_free(ptr) }
+    unsafe fn free_block(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: a live MKL block of `layout` (trait contract), freed once.
+        unsafe { raw_free(ptr, layout.size()) }
     }
 
     #[inline(always)]
@@ -417,7 +441,7 @@ unsafe impl Blocks for MklAllocator {
             // the old one is freed once and not used again.
             unsafe {
                 ptr::copy_nonoverlapping(ptr, fresh, old.size().min(new.size()));
-                raw_free(ptr);
+                raw_free(ptr, old.size());
             }
         }
         fresh

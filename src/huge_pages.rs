@@ -211,29 +211,6 @@ pub fn status() -> Status {
     }
 }
 
-/// Parses a value of `MKL_ALLOC_HUGE_PAGES`: `Ok(None)` for off,
-/// `Ok(Some(threshold))` for on, `Err(())` for anything else. Allocates
-/// nothing (it runs inside the global allocator).
-fn parse_env(v: &[u8]) -> Result<Option<usize>, ()> {
-    if v.is_empty() || v.eq_ignore_ascii_case(b"off") {
-        return Ok(None);
-    }
-    if v.eq_ignore_ascii_case(b"on") {
-        return Ok(Some(HUGE_PAGE_SIZE));
-    }
-    let mut n: usize = 0;
-    for &c in v {
-        if !c.is_ascii_digit() {
-            return Err(());
-        }
-        n = n
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(usize::from(c - b'0')))
-            .ok_or(())?;
-    }
-    Ok(if n == 0 { None } else { Some(n) })
-}
-
 /// The policy word, reading the environment on first use.
 #[inline(always)]
 fn policy() -> usize {
@@ -243,36 +220,17 @@ fn policy() -> usize {
     }
 }
 
-/// Reads `MKL_ALLOC_HUGE_PAGES` once. Runs inside the global allocator, so
-/// it must not allocate: `getenv` on a static C string, a byte parser, and a
-/// raw `write(2)` for the warning. Two threads racing here compute the same
-/// value; an `enable`/`disable` that happened meanwhile wins.
+/// Reads `MKL_ALLOC_HUGE_PAGES` once (without allocating: see `env`). Two
+/// threads racing here compute the same value; an `enable`/`disable` that
+/// happened meanwhile wins.
 #[cold]
 #[inline(never)]
 fn init() -> usize {
-    // SAFETY: ENV is a NUL-terminated static string; getenv returns null or
-    // a pointer to a NUL-terminated string in the environment, parsed below
-    // before this function returns (the borrow does not escape). Changing
-    // the environment while another thread reads it is what
-    // `std::env::set_var` (unsafe since Rust 2024) obliges its caller to
-    // rule out, reads through libc included.
-    let value = unsafe {
-        let p = libc::getenv(ENV.as_ptr());
-        if p.is_null() {
-            &[][..]
-        } else {
-            CStr::from_ptr(p).to_bytes()
-        }
-    };
-    let word = match parse_env(value) {
-        Ok(Some(t)) => t.clamp(1, OFF - 1),
-        Ok(None) => OFF,
-        Err(()) => {
-            const MSG: &[u8] = b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages stay off\n";
-            // SAFETY: writes a static buffer to stderr; no allocation.
-            unsafe { libc::write(2, MSG.as_ptr().cast::<c_void>(), MSG.len()) };
-            OFF
-        }
+    const WARNING: &[u8] =
+        b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages stay off\n";
+    let word = match crate::env::read(ENV, HUGE_PAGE_SIZE, WARNING) {
+        Some(t) => t.clamp(1, OFF - 1),
+        None => OFF,
     };
     match POLICY.compare_exchange(UNINIT, word, Relaxed, Relaxed) {
         Ok(_) => word,
@@ -316,26 +274,5 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
     };
     if rc == 0 {
         ADVISED.fetch_add((end - start) as u64, Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn env_values() {
-        assert_eq!(parse_env(b""), Ok(None));
-        assert_eq!(parse_env(b"off"), Ok(None));
-        assert_eq!(parse_env(b"OFF"), Ok(None));
-        assert_eq!(parse_env(b"0"), Ok(None));
-        assert_eq!(parse_env(b"on"), Ok(Some(HUGE_PAGE_SIZE)));
-        assert_eq!(parse_env(b"On"), Ok(Some(HUGE_PAGE_SIZE)));
-        assert_eq!(parse_env(b"67108864"), Ok(Some(64 << 20)));
-        assert_eq!(parse_env(b"1"), Ok(Some(1)));
-        assert_eq!(parse_env(b"2M"), Err(()));
-        assert_eq!(parse_env(b"-1"), Err(()));
-        assert_eq!(parse_env(b" on"), Err(()));
-        assert_eq!(parse_env(b"99999999999999999999999"), Err(()));
     }
 }

@@ -7,6 +7,9 @@
 //!   small blocks (under 4 KiB by default, alignment at most 16) from the
 //!   system allocator, all others from MKL aligned to 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
+//! - [`block_cache`]: an opt-in, bounded, decaying cache of freed large MKL
+//!   blocks, so that big temporaries are not faulted in again and again
+//!   (`MKL_ALLOC_BLOCK_CACHE`).
 //! - [`huge_pages`]: an opt-in policy putting large MKL blocks on transparent
 //!   huge pages (`madvise(MADV_HUGEPAGE)`; `MKL_ALLOC_HUGE_PAGES`).
 //! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
@@ -54,6 +57,8 @@ mod keep_dynamic_layers {
 }
 
 mod allocator;
+pub mod block_cache;
+mod env;
 pub mod ffi;
 pub mod huge_pages;
 pub mod manager;
@@ -62,6 +67,9 @@ mod split;
 mod sync;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
+#[cfg(loom)]
+#[doc(hidden)]
+pub use block_cache::shards::Cache;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use shared_vec::Mutant;

@@ -11,13 +11,31 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::ffi;
 
-/// What MKL's memory manager holds right now, from `MKL_Mem_Stat`.
+/// What MKL's memory manager holds right now, from `MKL_Mem_Stat`, and
+/// how much of it is this crate's [block cache](crate::block_cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemStats {
-    /// Bytes in blocks currently allocated through MKL (and not freed).
+    /// Bytes in blocks currently allocated through MKL (and not freed),
+    /// cached blocks included.
     pub bytes: u64,
     /// How many such blocks.
     pub buffers: u64,
+    /// Of `bytes`, the bytes of freed blocks kept in the block cache.
+    pub cached_bytes: u64,
+    /// Of `buffers`, the blocks kept in the block cache.
+    pub cached_buffers: u64,
+}
+
+impl MemStats {
+    /// Bytes in blocks that are in use: `bytes - cached_bytes`.
+    ///
+    /// ```
+    /// let s = mkl_alloc::manager::stats();
+    /// assert_eq!(s.live_bytes(), s.bytes - s.cached_bytes);
+    /// ```
+    pub fn live_bytes(&self) -> u64 {
+        self.bytes.saturating_sub(self.cached_bytes)
+    }
 }
 
 /// Bytes and block count that MKL's memory manager currently has allocated.
@@ -36,9 +54,12 @@ pub fn stats() -> MemStats {
     let mut buffers: c_int = 0;
     // SAFETY: MKL_Mem_Stat writes one int through a valid pointer.
     let bytes = unsafe { ffi::MKL_Mem_Stat(&mut buffers) };
+    let (cached_bytes, cached_buffers) = crate::block_cache::held();
     MemStats {
         bytes: bytes.max(0) as u64,
         buffers: buffers.max(0) as u64,
+        cached_bytes: cached_bytes as u64,
+        cached_buffers: cached_buffers as u64,
     }
 }
 
@@ -119,15 +140,18 @@ fn peak(mode: c_int) -> Option<u64> {
     }
 }
 
-/// Asks MKL to release the blocks its manager keeps cached for reuse, in all
-/// threads (`MKL_Free_Buffers`). Live blocks are not affected. (With MKL
-/// 2026.2 blocks served through `MKL_malloc` were observed going back to libc
-/// at once, so there may be nothing cached to release.)
+/// Gives back every block kept for reuse: this crate's
+/// [block cache](crate::block_cache) is emptied, then MKL releases the
+/// blocks its own manager caches, in all threads (`MKL_Free_Buffers`). Live
+/// blocks are not affected. (With MKL 2026.2 blocks served through
+/// `MKL_malloc` were observed going back to libc at once, so MKL itself may
+/// have nothing cached to release.)
 ///
 /// ```
 /// mkl_alloc::manager::free_buffers();
 /// ```
 pub fn free_buffers() {
+    crate::block_cache::empty();
     // SAFETY: no arguments; MKL frees only cached (not live) blocks.
     unsafe { ffi::MKL_Free_Buffers() }
 }

@@ -203,7 +203,7 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
         if is_mkl::<THRESHOLD>(layout) {
             // SAFETY: the block was allocated with this layout (caller's
             // contract), hence by MKL, and is freed once.
-            unsafe { raw_free(ptr) }
+            unsafe { raw_free(ptr, layout.size()) }
         } else {
             // SAFETY: the block was allocated with this layout, hence by
             // System with this same layout.
@@ -308,7 +308,7 @@ unsafe fn resize_split<const THRESHOLD: usize, S: GlobalAlloc>(
                 old.size(),
                 new.size(),
                 || small.alloc(new),
-                |q| raw_free(q),
+                |q| raw_free(q, old.size()),
             )
         },
         // SAFETY: a live `small` block of `old` moves to MKL (non-zero

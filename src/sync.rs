@@ -1,4 +1,4 @@
-//! The concurrency primitives `SharedMklVec` is written against: std's in
+//! The concurrency primitives `SharedMklVec` and the block cache are written against: std's in
 //! normal builds, loom's under `--cfg loom` so that `loom_tests/` can explore
 //! every interleaving of the very same code.
 //!
@@ -12,11 +12,15 @@
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
 use core::marker::PhantomData;

@@ -277,7 +277,7 @@ impl<T> Drop for RawBuf<T> {
         if size_of::<T>() != 0 && self.cap != 0 {
             // SAFETY: a live MKL block owned by this RawBuf alone
             // (invariant), freed once: `self` is going away.
-            unsafe { raw_free(self.ptr.as_ptr().cast()) };
+            unsafe { raw_free(self.ptr.as_ptr().cast(), self.cap * size_of::<T>()) };
         }
     }
 }

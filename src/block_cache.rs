@@ -1,0 +1,279 @@
+//! A bounded, decaying cache of freed large MKL blocks.
+//!
+//! For a big numeric buffer the allocator's cost is page faults: `MKL_free`
+//! hands a large block back to the system (glibc unmaps it), and the next
+//! block of that size is faulted in again, 4 KiB at a time. Numerical
+//! programs allocate the same big temporaries again and again (solver
+//! workspaces, per-iteration buffers, NumPy expression temporaries), so
+//! with this cache on, a freed MKL block of at least [`MIN_BLOCK`] bytes is
+//! kept, already faulted in (and with any huge-page advice it had), and the
+//! next request it fits takes it instead of a fresh block. The idea is
+//! mimalloc's segment reuse and jemalloc's retained dirty pages, bounded:
+//!
+//! - **Budget**: the bytes kept never exceed the budget given to [`enable`]
+//!   (a block that would exceed it is freed at once).
+//! - **Fit**: a request of `n` bytes at alignment `a` is served only by a
+//!   block of `n ..= n + n/8` bytes whose address is a multiple of `a`, so
+//!   at most 1/8 of a reused block is waste.
+//! - **Decay**: a block unused for [`DECAY_MS`] is given back to MKL at the
+//!   next large allocation or free (as jemalloc decays without its
+//!   background thread: no thread is started here), or by
+//!   [`manager::free_buffers`](crate::manager::free_buffers), which empties
+//!   the cache.
+//! - **Accounting**: cached blocks are still MKL blocks, so `MKL_Mem_Stat`
+//!   counts them; [`manager::stats`](crate::manager::stats) reports them
+//!   apart (`cached_bytes`, `cached_buffers`).
+//!
+//! It serves every MKL block of the crate: [`MklAllocator`](crate::MklAllocator),
+//! the MKL side of [`MklSplitAllocator`](crate::MklSplitAllocator),
+//! [`SharedMklVec`](crate::SharedMklVec), and the Python package's NumPy
+//! handler. A large block's growth with the cache on is allocate + copy +
+//! free (the old block is then cached), instead of `MKL_realloc`.
+//!
+//! **Concurrency.** Blocks are kept in shards by size class (four classes
+//! per power of two), each a short mutex-protected array: threads working
+//! on different sizes never meet, and no lock is held across a system
+//! call: blocks leaving the cache (evicted, decayed, emptied) are freed
+//! after the lock is released. Nothing here allocates. The mutex also
+//! orders the block's contents: whatever a thread wrote into a block before
+//! caching it happens-before the reuse by another thread.
+//!
+//! The budget counter is one atomic word (see [`Cache`]'s fields); a loom
+//! model (`loom_tests/block_cache.rs`) checks it against the shards.
+//!
+//! **Off by default**, like [`huge_pages`](crate::huge_pages): a program's
+//! freed memory stays with it for up to [`DECAY_MS`] (or until the next
+//! large allocation after that), which a library should not choose for its
+//! users. The README's performance section gives the figures. Turn it on
+//! with [`enable`] or the environment variable `MKL_ALLOC_BLOCK_CACHE`:
+//!
+//! | `MKL_ALLOC_BLOCK_CACHE` | Cache |
+//! |---|---|
+//! | unset, empty, `off` or `0` | off: every free goes to MKL at once |
+//! | `on` | on, with a budget of [`DEFAULT_BUDGET`] bytes |
+//! | a byte count (decimal digits) | on, with that budget |
+//!
+//! Read once, at the first large allocation or free (or the first call of
+//! [`budget`]), with libc's `getenv`; [`enable`] and [`disable`] override it.
+//!
+//! ```
+//! use allocator_api2::vec::Vec;
+//! use mkl_alloc::{MklAllocator, block_cache, manager};
+//!
+//! block_cache::enable(256 << 20);
+//! let v: Vec<f64, MklAllocator> = Vec::with_capacity_in(1 << 20, MklAllocator); // 8 MiB
+//! let first = v.as_ptr();
+//! drop(v); // kept, not freed
+//! assert!(block_cache::cached_bytes() >= 8 << 20);
+//! let w: Vec<f64, MklAllocator> = Vec::with_capacity_in(1 << 20, MklAllocator);
+//! assert_eq!(w.as_ptr(), first); // the same, already faulted-in block
+//! drop(w);
+//! manager::free_buffers(); // empties the cache
+//! assert_eq!(block_cache::cached_bytes(), 0);
+//! block_cache::disable();
+//! ```
+
+/// The smallest block the cache keeps (1 MiB). Smaller blocks are glibc's
+/// business: it keeps them in its heap, and a fault costs little next to
+/// what is written into them.
+pub const MIN_BLOCK: usize = 1 << 20;
+
+/// The budget `MKL_ALLOC_BLOCK_CACHE=on` sets: 1 GiB.
+pub const DEFAULT_BUDGET: usize = 1 << 30;
+
+/// A cached block unused for this many milliseconds is given back to MKL
+/// (at the next large allocation or free).
+pub const DECAY_MS: usize = 1000;
+
+pub(crate) mod shards;
+
+#[cfg(not(loom))]
+pub use process::*;
+
+#[cfg(not(loom))]
+mod process {
+    use core::ffi::CStr;
+    use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    use super::shards::Cache;
+    use super::{DEFAULT_BUDGET, MIN_BLOCK};
+    use crate::ffi;
+
+    static CACHE: Cache = Cache::new();
+
+    /// The policy word: `UNINIT` (the environment was not read yet: every
+    /// large size takes the slow path), `OFF` (larger than any block), or
+    /// `MIN_BLOCK` while the cache is on. A free or allocation below the
+    /// word pays one relaxed load and a comparison.
+    static POLICY: AtomicUsize = AtomicUsize::new(UNINIT);
+    const UNINIT: usize = 0;
+    const OFF: usize = usize::MAX;
+
+    const ENV: &CStr = c"MKL_ALLOC_BLOCK_CACHE";
+
+    /// Turns the cache on with a budget of `max_bytes` (0 keeps nothing).
+    /// Overrides `MKL_ALLOC_BLOCK_CACHE`. If the cache already holds more
+    /// than the new budget, it is emptied first.
+    ///
+    /// ```
+    /// use mkl_alloc::block_cache;
+    ///
+    /// block_cache::enable(512 << 20);
+    /// assert_eq!(block_cache::budget(), Some(512 << 20));
+    /// block_cache::disable();
+    /// ```
+    pub fn enable(max_bytes: usize) {
+        CACHE.set_budget(max_bytes, free_to_mkl);
+        POLICY.store(MIN_BLOCK, Relaxed);
+    }
+
+    /// Turns the cache off and gives every cached block back to MKL.
+    /// Overrides `MKL_ALLOC_BLOCK_CACHE`.
+    ///
+    /// ```
+    /// use mkl_alloc::block_cache;
+    ///
+    /// block_cache::disable();
+    /// assert_eq!(block_cache::budget(), None);
+    /// assert_eq!(block_cache::cached_bytes(), 0);
+    /// ```
+    pub fn disable() {
+        POLICY.store(OFF, Relaxed);
+        CACHE.drain(free_to_mkl);
+    }
+
+    /// The budget while the cache is on, `None` while it is off. Reads
+    /// `MKL_ALLOC_BLOCK_CACHE` if nothing did yet.
+    ///
+    /// ```
+    /// use mkl_alloc::block_cache;
+    ///
+    /// block_cache::enable(block_cache::DEFAULT_BUDGET);
+    /// assert_eq!(block_cache::budget(), Some(1 << 30));
+    /// block_cache::disable();
+    /// ```
+    pub fn budget() -> Option<usize> {
+        match policy() {
+            OFF => None,
+            _ => Some(CACHE.budget()),
+        }
+    }
+
+    /// Bytes held in the cache: freed by their users, still allocated from
+    /// MKL (and counted by `MKL_Mem_Stat`).
+    ///
+    /// ```
+    /// let idle: usize = mkl_alloc::block_cache::cached_bytes();
+    /// println!("{idle} bytes of freed MKL blocks kept for reuse");
+    /// ```
+    pub fn cached_bytes() -> usize {
+        CACHE.bytes()
+    }
+
+    /// Bytes and blocks in the cache (for `manager::stats`).
+    pub(crate) fn held() -> (usize, usize) {
+        CACHE.held()
+    }
+
+    /// Gives every cached block back to MKL (`manager::free_buffers`).
+    pub(crate) fn empty() {
+        CACHE.drain(free_to_mkl);
+    }
+
+    fn free_to_mkl(ptr: *mut u8, _size: usize) {
+        // SAFETY: every block in the cache is a live MKL block that its
+        // user freed into the cache; it left the cache, so this is its one
+        // free.
+        unsafe { ffi::MKL_free(ptr.cast()) }
+    }
+
+    /// Milliseconds of the monotonic clock (a vDSO read, no system call).
+    fn now_ms() -> usize {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec through a valid pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as usize)
+            .wrapping_mul(1000)
+            .wrapping_add(ts.tv_nsec as usize / 1_000_000)
+    }
+
+    /// Whether blocks of `size` bytes go through the cache: one relaxed
+    /// load and a comparison below the policy word.
+    #[inline(always)]
+    pub(crate) fn covers(size: usize) -> bool {
+        size >= POLICY.load(Relaxed) && size >= policy()
+    }
+
+    #[inline(always)]
+    fn policy() -> usize {
+        match POLICY.load(Relaxed) {
+            UNINIT => init(),
+            p => p,
+        }
+    }
+
+    /// Reads `MKL_ALLOC_BLOCK_CACHE` once (without allocating). An
+    /// `enable`/`disable` that happened meanwhile wins.
+    #[cold]
+    #[inline(never)]
+    fn init() -> usize {
+        const WARNING: &[u8] =
+            b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count; the cache stays off\n";
+        let word = match crate::env::read(ENV, DEFAULT_BUDGET, WARNING) {
+            Some(budget) => {
+                CACHE.set_budget(budget, free_to_mkl);
+                MIN_BLOCK
+            }
+            None => OFF,
+        };
+        match POLICY.compare_exchange(UNINIT, word, Relaxed, Relaxed) {
+            Ok(_) => word,
+            Err(set_meanwhile) => set_meanwhile,
+        }
+    }
+
+    /// A cached block for `size` bytes at `align`, or null. Decays first.
+    #[inline(never)]
+    pub(crate) fn take(size: usize, align: usize) -> *mut u8 {
+        CACHE.decay(now_ms(), free_to_mkl);
+        CACHE.take(size, align)
+    }
+
+    /// Offers a freed block to the cache; `false`: not kept, the caller
+    /// frees it.
+    ///
+    /// # Safety
+    /// `ptr` is a live MKL block of at least `size` bytes that its owner
+    /// gives up (it is not used again).
+    #[inline(never)]
+    pub(crate) unsafe fn give(ptr: *mut u8, size: usize) -> bool {
+        let now = now_ms();
+        CACHE.decay(now, free_to_mkl);
+        CACHE.give(ptr, size, now, free_to_mkl)
+    }
+}
+
+/// Under loom the allocation path has no cache (loom models the shards
+/// directly, in `loom_tests/block_cache.rs`).
+#[cfg(loom)]
+mod process {
+    #[inline(always)]
+    pub(crate) fn covers(_size: usize) -> bool {
+        false
+    }
+    pub(crate) fn take(_size: usize, _align: usize) -> *mut u8 {
+        core::ptr::null_mut()
+    }
+    pub(crate) unsafe fn give(_ptr: *mut u8, _size: usize) -> bool {
+        false
+    }
+    pub(crate) fn held() -> (usize, usize) {
+        (0, 0)
+    }
+    pub(crate) fn empty() {}
+}
+#[cfg(loom)]
+pub(crate) use process::*;

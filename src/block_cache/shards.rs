@@ -1,0 +1,291 @@
+//! The cache's shards and budget word, without any MKL call (see the
+//! parent module for the policy; `loom_tests/block_cache.rs` models it).
+
+use core::ptr;
+
+use super::{DECAY_MS, MIN_BLOCK};
+use crate::sync::{AtomicUsize, Mutex, Ordering::Relaxed};
+
+/// A request of `n` bytes takes a block of at most `n + n / MAX_WASTE_DIV`.
+const MAX_WASTE_DIV: usize = 8;
+
+const MIN_SHIFT: u32 = MIN_BLOCK.trailing_zeros();
+/// Size classes: four per power of two from `MIN_BLOCK` up (fewer under
+/// loom, where the class only chooses a shard: every size check is exact).
+const SHARDS: usize = if cfg!(loom) {
+    2
+} else {
+    (usize::BITS - MIN_SHIFT) as usize * 4
+};
+/// Blocks per shard.
+const SLOTS: usize = 4;
+
+/// The shard for blocks of `size` bytes: `4 * (log2(size) - 20)` plus the
+/// next two bits of the size (sizes below `MIN_BLOCK` share shard 0).
+fn class(size: usize) -> usize {
+    if size < MIN_BLOCK {
+        return 0;
+    }
+    let log = usize::BITS - 1 - size.leading_zeros();
+    let quarter = (size >> (log - 2)) & 3;
+    (((log - MIN_SHIFT) as usize) * 4 + quarter).min(SHARDS - 1)
+}
+
+/// One cached block: its address (null: the slot is empty), its size and
+/// when it was cached (milliseconds of the caller's clock).
+#[derive(Clone, Copy)]
+struct Entry {
+    ptr: *mut u8,
+    size: usize,
+    since: usize,
+}
+
+impl Entry {
+    const EMPTY: Entry = Entry {
+        ptr: ptr::null_mut(),
+        size: 0,
+        since: 0,
+    };
+}
+
+struct Slots([Entry; SLOTS]);
+
+// SAFETY: the entries are owned MKL blocks, with no tie to the thread that
+// cached them (MKL blocks are freed on any thread); the mutex around the
+// slots is what shares them.
+unsafe impl Send for Slots {}
+
+/// One size class's blocks, on its own cache lines.
+#[repr(align(128))]
+struct Shard(Mutex<Slots>);
+
+impl Shard {
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Slots> {
+        // Nothing panics while a shard is locked (comparisons and copies):
+        // a poisoned lock still holds consistent slots.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The cache's bookkeeping, without any MKL call: blocks leaving the cache
+/// are handed to the caller's `free`. The process has one (behind
+/// [`enable`] & co.); the loom model builds its own.
+///
+/// The budget protocol: `bytes` is reserved (compare-and-swap, never past
+/// `budget`) *before* a block enters a shard and released *after* it left
+/// one, so at every moment the blocks in the shards total at most `bytes`,
+/// and `bytes` is at most the budget it was reserved under. Relaxed
+/// orderings suffice: the counter only bounds memory, a single atomic's
+/// read-modify-writes are totally ordered whatever their ordering, and the
+/// blocks themselves pass between threads under the shards' mutexes.
+pub struct Cache {
+    shards: [Shard; SHARDS],
+    /// Bytes reserved by cached blocks (and by blocks entering or leaving).
+    bytes: AtomicUsize,
+    /// The most `bytes` may reach.
+    budget: AtomicUsize,
+    /// When (ms) the next decay sweep is due.
+    next_sweep: AtomicUsize,
+}
+
+impl Cache {
+    /// An empty cache with a budget of 0 (it keeps nothing).
+    #[cfg(not(loom))]
+    pub(crate) const fn new() -> Self {
+        Cache {
+            shards: [const { Shard(Mutex::new(Slots([Entry::EMPTY; SLOTS]))) }; SHARDS],
+            bytes: AtomicUsize::new(0),
+            budget: AtomicUsize::new(0),
+            next_sweep: AtomicUsize::new(0),
+        }
+    }
+
+    /// An empty cache with a budget of `budget` bytes.
+    #[cfg(loom)]
+    pub fn with_budget(budget: usize) -> Self {
+        Cache {
+            shards: core::array::from_fn(|_| Shard(Mutex::new(Slots([Entry::EMPTY; SLOTS])))),
+            bytes: AtomicUsize::new(0),
+            budget: AtomicUsize::new(budget),
+            next_sweep: AtomicUsize::new(0),
+        }
+    }
+
+    /// A cached block of `size ..= size + size/8` bytes at an address that
+    /// is a multiple of `align` (a power of two), the smallest such; null
+    /// if there is none. The block leaves the cache: the caller owns it.
+    pub fn take(&self, size: usize, align: usize) -> *mut u8 {
+        let max = size.saturating_add(size / MAX_WASTE_DIV);
+        let first = class(size);
+        for shard in &self.shards[first..SHARDS.min(first + 2)] {
+            let mut slots = shard.lock();
+            let mut best: Option<usize> = None;
+            for (i, e) in slots.0.iter().enumerate() {
+                let fits = !e.ptr.is_null()
+                    && e.size >= size
+                    && e.size <= max
+                    && e.ptr.addr() & (align - 1) == 0;
+                let better = |b: &Entry| e.size < b.size || (e.size == b.size && e.since > b.since);
+                if fits && best.is_none_or(|b| better(&slots.0[b])) {
+                    best = Some(i);
+                }
+            }
+            if let Some(i) = best {
+                let e = core::mem::replace(&mut slots.0[i], Entry::EMPTY);
+                drop(slots);
+                self.bytes.fetch_sub(e.size, Relaxed);
+                return e.ptr;
+            }
+        }
+        ptr::null_mut()
+    }
+
+    /// Offers the block `ptr` of `size` bytes to the cache at time `now`
+    /// (ms). Returns whether it was kept; if not, the caller still owns it.
+    /// A block pushed out of a full shard (its oldest) is handed to `free`
+    /// after the shard is unlocked.
+    pub fn give(
+        &self,
+        ptr: *mut u8,
+        size: usize,
+        now: usize,
+        free: impl FnOnce(*mut u8, usize),
+    ) -> bool {
+        let budget = self.budget.load(Relaxed);
+        let mut held = self.bytes.load(Relaxed);
+        loop {
+            if size > budget.saturating_sub(held) {
+                return false;
+            }
+            match self
+                .bytes
+                .compare_exchange_weak(held, held + size, Relaxed, Relaxed)
+            {
+                Ok(_) => break,
+                Err(now_held) => held = now_held,
+            }
+        }
+        let new = Entry {
+            ptr,
+            size,
+            since: now,
+        };
+        let mut slots = self.shards[class(size)].lock();
+        // An empty slot, else the one cached longest ago.
+        let mut victim = 0;
+        for (i, e) in slots.0.iter().enumerate() {
+            if e.ptr.is_null() {
+                victim = i;
+                break;
+            }
+            if e.since < slots.0[victim].since {
+                victim = i;
+            }
+        }
+        let out = core::mem::replace(&mut slots.0[victim], new);
+        drop(slots);
+        if !out.ptr.is_null() {
+            self.bytes.fetch_sub(out.size, Relaxed);
+            free(out.ptr, out.size);
+        }
+        true
+    }
+
+    /// If a sweep is due at `now` (ms), gives every block cached at least
+    /// [`DECAY_MS`] ago to `free` (one thread sweeps; the others go on).
+    pub fn decay(&self, now: usize, mut free: impl FnMut(*mut u8, usize)) {
+        let due = self.next_sweep.load(Relaxed);
+        if now < due || self.bytes.load(Relaxed) == 0 {
+            return;
+        }
+        if self
+            .next_sweep
+            .compare_exchange(due, now.saturating_add(DECAY_MS / 4), Relaxed, Relaxed)
+            .is_err()
+        {
+            return; // another thread sweeps
+        }
+        self.release(|e| now.saturating_sub(e.since) >= DECAY_MS, &mut free);
+    }
+
+    /// Gives every cached block to `free`.
+    pub fn drain(&self, mut free: impl FnMut(*mut u8, usize)) {
+        self.release(|_| true, &mut free);
+    }
+
+    /// Removes the entries `which` selects, shard by shard, and hands each
+    /// to `free` once its shard is unlocked.
+    fn release(&self, which: impl Fn(&Entry) -> bool, free: &mut impl FnMut(*mut u8, usize)) {
+        for shard in &self.shards {
+            let mut out = [Entry::EMPTY; SLOTS];
+            {
+                let mut slots = shard.lock();
+                for (e, o) in slots.0.iter_mut().zip(&mut out) {
+                    if !e.ptr.is_null() && which(e) {
+                        *o = core::mem::replace(e, Entry::EMPTY);
+                    }
+                }
+            }
+            for o in out.iter().filter(|o| !o.ptr.is_null()) {
+                self.bytes.fetch_sub(o.size, Relaxed);
+                free(o.ptr, o.size);
+            }
+        }
+    }
+
+    /// Sets the budget; if the cache holds more, it is emptied into `free`.
+    pub fn set_budget(&self, budget: usize, free: impl FnMut(*mut u8, usize)) {
+        self.budget.store(budget, Relaxed);
+        if self.bytes.load(Relaxed) > budget {
+            self.drain(free);
+        }
+    }
+
+    /// The budget.
+    pub fn budget(&self) -> usize {
+        self.budget.load(Relaxed)
+    }
+
+    /// Bytes reserved by cached blocks.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Relaxed)
+    }
+
+    /// Bytes and blocks in the shards right now (each shard locked in turn).
+    pub fn held(&self) -> (usize, usize) {
+        let mut total = (0, 0);
+        for shard in &self.shards {
+            for e in shard.lock().0.iter().filter(|e| !e.ptr.is_null()) {
+                total.0 += e.size;
+                total.1 += 1;
+            }
+        }
+        total
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotonic_and_four_per_doubling() {
+        assert_eq!(class(1), 0);
+        assert_eq!(class(MIN_BLOCK), 0);
+        assert_eq!(class(MIN_BLOCK + MIN_BLOCK / 4), 1);
+        assert_eq!(class(2 * MIN_BLOCK - 1), 3);
+        assert_eq!(class(2 * MIN_BLOCK), 4);
+        assert_eq!(class(usize::MAX), SHARDS - 1);
+        let mut last = 0;
+        for s in (MIN_BLOCK..64 * MIN_BLOCK).step_by(4093) {
+            assert!(class(s) >= last);
+            last = class(s);
+        }
+        // A fitting block (n ..= n + n/8) is always in n's class or the next.
+        for n in (MIN_BLOCK..64 * MIN_BLOCK).step_by(65_521) {
+            assert!(class(n + n / MAX_WASTE_DIV) <= class(n) + 1);
+        }
+    }
+}

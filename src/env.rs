@@ -1,0 +1,75 @@
+//! Size policies read from the environment (`MKL_ALLOC_HUGE_PAGES`,
+//! `MKL_ALLOC_BLOCK_CACHE`): `off`, `on` or a byte count, read once with
+//! libc's `getenv`. The readers run inside the global allocator, so nothing
+//! here allocates: a byte parser, and a raw `write(2)` for the warning.
+
+use core::ffi::{CStr, c_void};
+
+/// Parses a policy value: `Ok(None)` for off (unset, empty, `off`, `0`),
+/// `Ok(Some(on))` for `on` (any case), `Ok(Some(n))` for a decimal byte
+/// count `n > 0`, `Err(())` for anything else.
+pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
+    if v.is_empty() || v.eq_ignore_ascii_case(b"off") {
+        return Ok(None);
+    }
+    if v.eq_ignore_ascii_case(b"on") {
+        return Ok(Some(on));
+    }
+    let mut n: usize = 0;
+    for &c in v {
+        if !c.is_ascii_digit() {
+            return Err(());
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(usize::from(c - b'0')))
+            .ok_or(())?;
+    }
+    Ok(if n == 0 { None } else { Some(n) })
+}
+
+/// Reads and parses the variable `name`; an unparsable value counts as off,
+/// with `warning` written to stderr.
+pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
+    // SAFETY: `name` is NUL-terminated; getenv returns null or a pointer to
+    // a NUL-terminated string in the environment, parsed below before this
+    // function returns (the borrow does not escape). Changing the
+    // environment while another thread reads it is what
+    // `std::env::set_var` (unsafe since Rust 2024) obliges its caller to
+    // rule out, reads through libc included.
+    let value = unsafe {
+        let p = libc::getenv(name.as_ptr());
+        if p.is_null() {
+            &[][..]
+        } else {
+            CStr::from_ptr(p).to_bytes()
+        }
+    };
+    parse(value, on).unwrap_or_else(|()| {
+        // SAFETY: writes a caller's buffer to stderr; no allocation.
+        unsafe { libc::write(2, warning.as_ptr().cast::<c_void>(), warning.len()) };
+        None
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn values() {
+        const ON: usize = 2 << 20;
+        assert_eq!(parse(b"", ON), Ok(None));
+        assert_eq!(parse(b"off", ON), Ok(None));
+        assert_eq!(parse(b"OFF", ON), Ok(None));
+        assert_eq!(parse(b"0", ON), Ok(None));
+        assert_eq!(parse(b"on", ON), Ok(Some(ON)));
+        assert_eq!(parse(b"On", ON), Ok(Some(ON)));
+        assert_eq!(parse(b"67108864", ON), Ok(Some(64 << 20)));
+        assert_eq!(parse(b"1", ON), Ok(Some(1)));
+        assert_eq!(parse(b"2M", ON), Err(()));
+        assert_eq!(parse(b"-1", ON), Err(()));
+        assert_eq!(parse(b" on", ON), Err(()));
+        assert_eq!(parse(b"99999999999999999999999", ON), Err(()));
+    }
+}
