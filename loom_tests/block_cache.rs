@@ -1,0 +1,170 @@
+//! Loom models of the block cache's bookkeeping (`mkl_alloc::block_cache`,
+//! issue 15): the budget word and the shards' mutexes, under every
+//! interleaving of concurrent gives, takes, decay sweeps and drains.
+//!
+//! Run with
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_block_cache`.
+//!
+//! The cache never touches a block's memory, so the models hand it fake,
+//! aligned addresses; what they check is ownership: every block ends up in
+//! exactly one place (taken by one thread, still cached, refused, or freed
+//! once), the budget word is never above the budget, and once the threads
+//! are done it equals the bytes in the shards.
+#![cfg(loom)]
+
+use loom::thread;
+use mkl_alloc::Cache;
+use mkl_alloc::block_cache::{DECAY_MS, MIN_BLOCK};
+
+const MIB: usize = 1 << 20;
+
+fn fake(k: usize) -> *mut u8 {
+    core::ptr::without_provenance_mut(k * 0x10_0000)
+}
+
+/// A thread's view of where blocks went: (address, size) pairs.
+type Blocks = Vec<(usize, usize)>;
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = runs.clone();
+    b.check(move || {
+        r.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f()
+    });
+    eprintln!(
+        "loom explored {} executions",
+        runs.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+/// Everything still in the cache, drained (single-threaded, at the end).
+fn leftovers(c: &Cache) -> Blocks {
+    let mut out = Vec::new();
+    c.drain(|p, s| out.push((p as usize, s)));
+    out
+}
+
+fn sorted(mut v: Blocks) -> Blocks {
+    v.sort();
+    v
+}
+
+#[test]
+fn concurrent_gives_never_exceed_the_budget() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(3 * MIB));
+        let give = |k: usize| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let kept = c.give(fake(k), 2 * MIB, 0, |_, _| panic!("nothing to evict"));
+                assert!(c.bytes() <= 3 * MIB);
+                kept
+            })
+        };
+        let (a, b) = (give(1), give(2));
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        assert!(a ^ b, "exactly one 2 MiB block fits a 3 MiB budget");
+        assert_eq!(c.held(), (2 * MIB, 1));
+        assert_eq!(c.bytes(), 2 * MIB);
+        let left = leftovers(&c);
+        assert_eq!(left, vec![(fake(if a { 1 } else { 2 }) as usize, 2 * MIB)]);
+        assert_eq!(c.bytes(), 0);
+    });
+}
+
+#[test]
+fn a_block_given_while_taken_goes_to_exactly_one_owner() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(8 * MIB));
+        let c2 = c.clone();
+        let giver =
+            thread::spawn(move || c2.give(fake(1), MIN_BLOCK, 0, |_, _| panic!("no eviction")));
+        let taken = c.take(MIN_BLOCK, 64);
+        assert!(giver.join().unwrap());
+        let left = leftovers(&c);
+        if taken.is_null() {
+            assert_eq!(left, vec![(fake(1) as usize, MIN_BLOCK)]);
+        } else {
+            assert_eq!(taken, fake(1));
+            assert!(left.is_empty());
+        }
+        assert_eq!(c.bytes(), 0);
+    });
+}
+
+#[test]
+fn decay_and_take_race_for_an_idle_block() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(8 * MIB));
+        assert!(c.give(fake(1), 2 * MIB, 0, |_, _| panic!("no eviction")));
+        let c2 = c.clone();
+        let sweeper = thread::spawn(move || {
+            let mut freed = Blocks::new();
+            c2.decay(DECAY_MS, |p, s| freed.push((p as usize, s)));
+            freed
+        });
+        let taken = c.take(2 * MIB, 64);
+        let freed = sweeper.join().unwrap();
+        // The block went to exactly one of them.
+        assert_eq!(usize::from(!taken.is_null()) + freed.len(), 1);
+        assert!(leftovers(&c).is_empty());
+        assert_eq!(c.bytes(), 0);
+    });
+}
+
+#[test]
+fn drains_and_gives_lose_and_duplicate_nothing() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(8 * MIB));
+        assert!(c.give(fake(1), MIB, 0, |_, _| panic!("no eviction")));
+        let c2 = c.clone();
+        let drainer = thread::spawn(move || {
+            let mut freed = Blocks::new();
+            c2.drain(|p, s| freed.push((p as usize, s)));
+            freed
+        });
+        let mut evicted = Blocks::new();
+        let kept = c.give(fake(2), 3 * MIB, 1, |p, s| evicted.push((p as usize, s)));
+        assert!(kept);
+        assert!(c.bytes() <= 8 * MIB);
+        let freed = drainer.join().unwrap();
+        let all = sorted([freed, evicted, leftovers(&c)].concat());
+        assert_eq!(
+            all,
+            vec![(fake(1) as usize, MIB), (fake(2) as usize, 3 * MIB)]
+        );
+        assert_eq!(c.bytes(), 0);
+    });
+}
+
+#[test]
+fn a_full_shard_evicts_its_oldest_block_once() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(64 * MIB));
+        // Fill the first shard (blocks of MIN_BLOCK) with four blocks.
+        for k in 1..=4 {
+            assert!(c.give(fake(k), MIN_BLOCK, k, |_, _| panic!("room left")));
+        }
+        let c2 = c.clone();
+        let other = thread::spawn(move || {
+            let mut ev = Blocks::new();
+            assert!(c2.give(fake(5), MIN_BLOCK, 10, |p, s| ev.push((p as usize, s))));
+            ev
+        });
+        let taken = c.take(MIN_BLOCK, 64);
+        let evicted = other.join().unwrap();
+        let mut all = evicted.clone();
+        all.extend(leftovers(&c));
+        if !taken.is_null() {
+            all.push((taken as usize, MIN_BLOCK));
+        }
+        let expect: Blocks = (1..=5).map(|k| (fake(k) as usize, MIN_BLOCK)).collect();
+        assert_eq!(sorted(all), expect);
+        // What was evicted was the oldest: block 1 (cached at time 1).
+        assert!(evicted.iter().all(|&(p, _)| p == fake(1) as usize));
+        assert_eq!(c.bytes(), 0);
+    });
+}
