@@ -486,7 +486,7 @@ fn huge_growth(t: &mut Table, rounds: usize, n: usize, row: &str, name: &str) {
 fn with_cfg(cache: bool, hp: bool, f: impl FnOnce() -> f64) -> f64 {
     mkl_alloc::block_cache::disable();
     if cache {
-        mkl_alloc::block_cache::enable(mkl_alloc::block_cache::DEFAULT_BUDGET);
+        mkl_alloc::block_cache::enable(mkl_alloc::block_cache::default_budget());
     }
     set_huge_pages(hp);
     let v = f();

@@ -46,13 +46,21 @@ pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
             return cached;
         }
     }
+    let advise = huge_pages::applies(size);
+    // An advised block starts on a 2 MiB boundary, so all of it but the
+    // tail can be huge pages (see huge_pages::block_align).
+    let align = if advise {
+        huge_pages::block_align(size, align)
+    } else {
+        align
+    };
     let p: *mut u8 = match mkl_align(align) {
         // SAFETY: MKL_malloc takes any size and a positive power-of-two
         // alignment (mkl_align's result); it returns null on failure.
         Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
         None => return ptr::null_mut(),
     };
-    if huge_pages::applies(size) && !p.is_null() {
+    if advise && !p.is_null() {
         // SAFETY: p is the fresh block of `size` bytes just allocated.
         unsafe { huge_pages::advise(p, size) };
     }

@@ -50,7 +50,7 @@
 //! | `MKL_ALLOC_BLOCK_CACHE` | Cache |
 //! |---|---|
 //! | unset, empty, `off` or `0` | off: every free goes to MKL at once |
-//! | `on` | on, with a budget of [`DEFAULT_BUDGET`] bytes |
+//! | `on` | on, with a budget of [`default_budget`]`()`: an eighth of physical memory |
 //! | a byte count (decimal digits) | on, with that budget |
 //!
 //! Read once, at the first large allocation or free (or the first call of
@@ -78,8 +78,34 @@
 /// what is written into them.
 pub const MIN_BLOCK: usize = 1 << 20;
 
-/// The budget `MKL_ALLOC_BLOCK_CACHE=on` sets: 1 GiB.
-pub const DEFAULT_BUDGET: usize = 1 << 30;
+/// The budget `MKL_ALLOC_BLOCK_CACHE=on` sets: an eighth of the machine's
+/// physical memory (3 GiB on a 24 GiB machine), or 1 GiB where that cannot
+/// be read. Proportional, because what a program can afford to keep idle is
+/// a share of the machine; an eighth holds a whole doubling chain of
+/// buffers up to 1 GiB on a machine of 16 GiB or more (see the README's
+/// rows for a push to 10^8).
+///
+/// ```
+/// let b = mkl_alloc::block_cache::default_budget();
+/// assert!(b >= mkl_alloc::block_cache::MIN_BLOCK);
+/// ```
+pub fn default_budget() -> usize {
+    #[cfg(not(miri))]
+    {
+        // SAFETY: sysconf takes any name and returns -1 for one it does not
+        // know; it allocates nothing.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && page > 0 {
+            return ((pages as usize).saturating_mul(page as usize) / 8).max(MIN_BLOCK);
+        }
+    }
+    1 << 30
+}
 
 /// A cached block unused for this many milliseconds is given back to MKL
 /// (at the next large allocation or free).
@@ -96,7 +122,7 @@ mod process {
     use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
     use super::shards::Cache;
-    use super::{DEFAULT_BUDGET, MIN_BLOCK};
+    use super::{MIN_BLOCK, default_budget};
     use crate::ffi;
 
     static CACHE: Cache = Cache::new();
@@ -148,8 +174,8 @@ mod process {
     /// ```
     /// use mkl_alloc::block_cache;
     ///
-    /// block_cache::enable(block_cache::DEFAULT_BUDGET);
-    /// assert_eq!(block_cache::budget(), Some(1 << 30));
+    /// block_cache::enable(block_cache::default_budget());
+    /// assert_eq!(block_cache::budget(), Some(block_cache::default_budget()));
     /// block_cache::disable();
     /// ```
     pub fn budget() -> Option<usize> {
@@ -222,7 +248,7 @@ mod process {
     fn init() -> usize {
         const WARNING: &[u8] =
             b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count; the cache stays off\n";
-        let word = match crate::env::read(ENV, DEFAULT_BUDGET, WARNING) {
+        let word = match crate::env::read(ENV, default_budget(), WARNING) {
             Some(budget) => {
                 CACHE.set_budget(budget, free_to_mkl);
                 MIN_BLOCK

@@ -327,7 +327,7 @@ fn the_environment_variable_sets_the_budget() {
     let _s = serial();
     run_child(None, "off");
     run_child(Some("off"), "off");
-    run_child(Some("on"), &block_cache::DEFAULT_BUDGET.to_string());
+    run_child(Some("on"), &block_cache::default_budget().to_string());
     run_child(Some("67108864"), "67108864");
     run_child(Some("lots"), "off");
 }
