@@ -15,7 +15,8 @@
 //! - **Fit**: a request of `n` bytes at alignment `a` is served only by a
 //!   block of `n ..= n + n/8` bytes whose address is a multiple of `a`, so
 //!   at most 1/8 of a reused block is waste.
-//! - **Decay**: a block unused for [`DECAY_MS`] is given back to MKL at the
+//! - **Decay**: a block unused for [`DECAY_MS`] (or what [`set_decay_ms`]
+//!   set) is given back to MKL at the
 //!   next large allocation or free (as jemalloc decays without its
 //!   background thread: no thread is started here), or by
 //!   [`manager::free_buffers`](crate::manager::free_buffers), which empties
@@ -108,7 +109,11 @@ pub fn default_budget() -> usize {
 }
 
 /// A cached block unused for this many milliseconds is given back to MKL
-/// (at the next large allocation or free).
+/// (at the next large allocation or free), unless [`set_decay_ms`] says
+/// otherwise. One second: a loop that allocates the same temporaries again
+/// within a second keeps them; an idle program's large freed memory goes
+/// back within a second of its next large allocation (jemalloc's default is
+/// ten seconds).
 pub const DECAY_MS: usize = 1000;
 
 pub(crate) mod shards;
@@ -183,6 +188,30 @@ mod process {
             OFF => None,
             _ => Some(CACHE.budget()),
         }
+    }
+
+    /// Sets the decay time: a block unused for `ms` milliseconds is given
+    /// back to MKL at the next large allocation or free (default
+    /// [`DECAY_MS`](super::DECAY_MS)).
+    ///
+    /// ```
+    /// use mkl_alloc::block_cache;
+    ///
+    /// block_cache::set_decay_ms(10_000); // jemalloc's default
+    /// assert_eq!(block_cache::decay_ms(), 10_000);
+    /// block_cache::set_decay_ms(block_cache::DECAY_MS);
+    /// ```
+    pub fn set_decay_ms(ms: usize) {
+        CACHE.set_decay_ms(ms);
+    }
+
+    /// The decay time in force, in milliseconds.
+    ///
+    /// ```
+    /// assert!(mkl_alloc::block_cache::decay_ms() > 0);
+    /// ```
+    pub fn decay_ms() -> usize {
+        CACHE.decay_ms()
     }
 
     /// Bytes held in the cache: freed by their users, still allocated from

@@ -88,6 +88,8 @@ pub struct Cache {
     budget: AtomicUsize,
     /// When (ms) the next decay sweep is due.
     next_sweep: AtomicUsize,
+    /// How long (ms) an unused block stays.
+    decay: AtomicUsize,
 }
 
 impl Cache {
@@ -99,6 +101,7 @@ impl Cache {
             bytes: AtomicUsize::new(0),
             budget: AtomicUsize::new(0),
             next_sweep: AtomicUsize::new(0),
+            decay: AtomicUsize::new(DECAY_MS),
         }
     }
 
@@ -110,6 +113,7 @@ impl Cache {
             bytes: AtomicUsize::new(0),
             budget: AtomicUsize::new(budget),
             next_sweep: AtomicUsize::new(0),
+            decay: AtomicUsize::new(DECAY_MS),
         }
     }
 
@@ -194,20 +198,21 @@ impl Cache {
     }
 
     /// If a sweep is due at `now` (ms), gives every block cached at least
-    /// [`DECAY_MS`] ago to `free` (one thread sweeps; the others go on).
+    /// the decay time ago to `free` (one thread sweeps; the others go on).
     pub fn decay(&self, now: usize, mut free: impl FnMut(*mut u8, usize)) {
+        let decay = self.decay.load(Relaxed);
         let due = self.next_sweep.load(Relaxed);
         if now < due || self.bytes.load(Relaxed) == 0 {
             return;
         }
         if self
             .next_sweep
-            .compare_exchange(due, now.saturating_add(DECAY_MS / 4), Relaxed, Relaxed)
+            .compare_exchange(due, now.saturating_add(decay / 4), Relaxed, Relaxed)
             .is_err()
         {
             return; // another thread sweeps
         }
-        self.release(|e| now.saturating_sub(e.since) >= DECAY_MS, &mut free);
+        self.release(|e| now.saturating_sub(e.since) >= decay, &mut free);
     }
 
     /// Gives every cached block to `free`.
@@ -241,6 +246,17 @@ impl Cache {
         if self.bytes.load(Relaxed) > budget {
             self.drain(free);
         }
+    }
+
+    /// Sets the decay time (ms); the next sweep is due at once.
+    pub fn set_decay_ms(&self, ms: usize) {
+        self.decay.store(ms, Relaxed);
+        self.next_sweep.store(0, Relaxed);
+    }
+
+    /// The decay time (ms).
+    pub fn decay_ms(&self) -> usize {
+        self.decay.load(Relaxed)
     }
 
     /// The budget.
