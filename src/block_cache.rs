@@ -74,9 +74,10 @@
 //! block_cache::disable();
 //! ```
 
-/// The smallest block the cache keeps (1 MiB). Smaller blocks are glibc's
-/// business: it keeps them in its heap, and a fault costs little next to
-/// what is written into them.
+/// The smallest block the cache keeps (1 MiB). Below it the C library's
+/// heap already keeps freed memory for reuse (glibc serves blocks under its
+/// mmap threshold, 128 KiB rising to 32 MiB, from its heap), and the block
+/// cache's lock and bookkeeping would be a larger share of the block's cost.
 pub const MIN_BLOCK: usize = 1 << 20;
 
 /// The budget `MKL_ALLOC_BLOCK_CACHE=on` sets: an eighth of the machine's
