@@ -120,7 +120,8 @@ fn peak(mode: c_int) -> Option<u64> {
 }
 
 /// Asks MKL to release the blocks its manager keeps cached for reuse, in all
-/// threads (`MKL_Free_Buffers`). Live blocks are not affected. (With MKL
+/// threads (`MKL_Free_Buffers`), after giving back the small blocks
+/// [`c_heap`](crate::c_heap) keeps in its bins. Live blocks are not affected. (With MKL
 /// 2026.2 blocks served through `MKL_malloc` were observed going back to libc
 /// at once, so there may be nothing cached to release.)
 ///
@@ -128,6 +129,7 @@ fn peak(mode: c_int) -> Option<u64> {
 /// mkl_alloc::manager::free_buffers();
 /// ```
 pub fn free_buffers() {
+    crate::c_heap::release_cached();
     // SAFETY: no arguments; MKL frees only cached (not live) blocks.
     unsafe { ffi::MKL_Free_Buffers() }
 }
