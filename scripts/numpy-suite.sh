@@ -17,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY="${1:-target/ci-venv/bin/python}"
+# Absolute (the runs start in another folder), without resolving the venv's symlink.
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 "$PY" -c "import hypothesis" 2>/dev/null || "$PY" -m pip install -q hypothesis
 NUMPY_DIR="$("$PY" -c 'import numpy, os; print(os.path.dirname(numpy.__file__))')"
 MODULES=(test_multiarray test_numeric test_ufunc test_indexing test_shape_base test_item_selection)
