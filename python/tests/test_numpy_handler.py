@@ -3,6 +3,7 @@ set_numpy_handler, numpy_memory, is_mkl_array)."""
 
 import asyncio
 import gc
+import os
 import threading
 
 import mkl  # mkl-service
@@ -317,3 +318,41 @@ def test_mem_stat_agrees_with_mkl_service_and_free_buffers_gives_back():
     assert cached["allocated_bytes"] > before["allocated_bytes"], "small blocks kept in bins"
     mkl_alloc.free_buffers()
     assert mkl.mem_stat() == before
+
+
+def _vm_flags(addr):
+    """The VmFlags of the mapping holding ``addr`` (/proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+    reason="the kernel has no transparent huge pages",
+)
+def test_large_arrays_follow_numpy_huge_page_switch_read_on_install():
+    from numpy._core.multiarray import _get_madvise_hugepage, _set_madvise_hugepage
+
+    if os.environ.get("MKL_ALLOC_HUGE_PAGES", "off") not in ("off", "0", ""):
+        pytest.skip("the crate's global huge-page policy is on")
+    was = _get_madvise_hugepage()
+    try:
+        for on in (True, False):
+            _set_madvise_hugepage(on)
+            with numpy_memory(4096):
+                a = np.empty(16 * MiB // 8)  # >= 4 MiB: advised while NumPy's switch is on
+                small = np.empty(3 * MiB // 8)  # < 4 MiB: never
+            # "hg": the mapping is madvise(MADV_HUGEPAGE)d.
+            assert ("hg" in _vm_flags(address(a) + 8 * MiB)) == on
+            assert "hg" not in _vm_flags(address(small) + MiB)
+            del a, small
+    finally:
+        _set_madvise_hugepage(was)
