@@ -34,19 +34,40 @@ pub(crate) fn mkl_align(align: usize) -> Option<c_int> {
 }
 
 /// `MKL_malloc(size, max(64, align))`; null if MKL fails or cannot express
-/// `align`. A size the block cache covers is first looked up there.
+/// `align`. A size the block cache covers is first looked up there; a size
+/// the huge-page policy covers is advised.
 ///
 /// # Safety
 /// `size > 0`, `align` a power of two.
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { alloc_with(size, align, huge_pages::applies(size)) }
+}
+
+/// [`raw_alloc`], with huge-page advice whatever the global policy says
+/// (for `c_heap`'s NumPy handler, which follows NumPy's own switch).
+///
+/// # Safety
+/// As [`raw_alloc`].
+#[inline]
+pub(crate) unsafe fn raw_alloc_advised(size: usize, align: usize) -> *mut u8 {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { alloc_with(size, align, true) }
+}
+
+/// A cached block, else a fresh MKL block, advised if `advise`.
+///
+/// # Safety
+/// As [`raw_alloc`].
+#[inline(always)]
+unsafe fn alloc_with(size: usize, align: usize, advise: bool) -> *mut u8 {
     if block_cache::covers(size) {
         let cached = block_cache::take(size, mkl_block_align(align));
         if !cached.is_null() {
             return cached;
         }
     }
-    let advise = huge_pages::applies(size);
     // An advised block starts on a 2 MiB boundary, so all of it but the
     // tail can be huge pages (see huge_pages::block_align).
     let align = if advise {

@@ -16,6 +16,9 @@
 //!   [`View`]s and one atomic word make resizing through `&self` safe (a
 //!   resize is refused, never blocked, while a view is alive); an [`Export`]
 //!   is an owned, counted view for foreign (raw-pointer) readers and writers.
+//! - [`c_heap`]: C's `malloc`/`calloc`/`realloc`/`free` contract over MKL
+//!   blocks (size and alignment in a header), for callers whose `free`
+//!   passes no size, such as NumPy's data-memory handler.
 //! - [`ffi`]: the raw bindings (upper-case `MKL_*` names only).
 //!
 //! MKL itself is found or provisioned by the build script; see the README.
@@ -58,6 +61,7 @@ mod keep_dynamic_layers {
 
 mod allocator;
 pub mod block_cache;
+pub mod c_heap;
 mod env;
 pub mod ffi;
 pub mod huge_pages;

@@ -141,16 +141,18 @@ fn peak(mode: c_int) -> Option<u64> {
 }
 
 /// Gives back every block kept for reuse: this crate's
-/// [block cache](crate::block_cache) is emptied, then MKL releases the
-/// blocks its own manager caches, in all threads (`MKL_Free_Buffers`). Live
-/// blocks are not affected. (With MKL 2026.2 blocks served through
-/// `MKL_malloc` were observed going back to libc at once, so MKL itself may
-/// have nothing cached to release.)
+/// [block cache](crate::block_cache) and the small-block bins of
+/// [`c_heap`](crate::c_heap) are emptied, then MKL releases the blocks its
+/// own manager caches, in all threads (`MKL_Free_Buffers`). Live blocks are
+/// not affected. (With MKL 2026.2 blocks served through `MKL_malloc` were
+/// observed going back to libc at once, so MKL itself may have nothing
+/// cached to release.)
 ///
 /// ```
 /// mkl_alloc::manager::free_buffers();
 /// ```
 pub fn free_buffers() {
+    crate::c_heap::release_cached();
     crate::block_cache::empty();
     // SAFETY: no arguments; MKL frees only cached (not live) blocks.
     unsafe { ffi::MKL_Free_Buffers() }

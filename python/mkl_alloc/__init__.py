@@ -12,6 +12,10 @@ so the count and the realloc cannot race, with or without the GIL.
 The module functions ``mem_stat()``, ``peak_mem_usage(mem_const)`` and
 ``free_buffers()`` mirror mkl-service's functions of the same names and act
 on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``).
+
+``numpy_handler``, ``set_numpy_handler``, ``numpy_memory`` and
+``is_mkl_array`` put the data of the arrays NumPy itself allocates on MKL
+memory (a NEP 49 data-memory handler); see their docstrings.
 """
 
 from collections import namedtuple as _namedtuple
@@ -51,6 +55,10 @@ __all__ = [
     "peak_mem_usage",
     "free_buffers",
     "MAX_ALIGNMENT",
+    "numpy_handler",
+    "set_numpy_handler",
+    "numpy_memory",
+    "is_mkl_array",
 ]
 
 __version__ = "0.1.0"
@@ -92,3 +100,86 @@ def _rebuild(cls, data, alignment):
     if not (isinstance(cls, type) and issubclass(cls, MKLMemory)):
         raise TypeError(f"_rebuild: {cls!r} is not MKLMemory or a subclass of it")
     return MKLMemory.__new__(cls, data, alignment)
+
+
+# --- NumPy arrays on MKL memory (NEP 49) -----------------------------------
+
+from ._native import numpy_handler, set_numpy_handler  # noqa: E402
+
+
+class _NumpyMemory:
+    """The context manager ``numpy_memory()`` returns (one per ``with``)."""
+
+    __slots__ = ("_handler", "_previous", "_entered")
+
+    def __init__(self, handler):
+        self._handler = handler
+        self._previous = None
+        self._entered = False
+
+    def __enter__(self):
+        if self._entered:
+            raise RuntimeError(
+                "numpy_memory(): this context manager is already in use; "
+                "call numpy_memory() again for each with-statement"
+            )
+        self._previous = set_numpy_handler(self._handler)
+        self._entered = True
+        return self._handler
+
+    def __exit__(self, exc_type, exc, tb):
+        previous, self._previous = self._previous, None
+        self._entered = False
+        set_numpy_handler(previous)
+        return False
+
+
+def numpy_memory(alignment=64):
+    """numpy_memory(alignment=64) -> context manager
+
+    Inside ``with numpy_memory():`` every data buffer NumPy allocates in the
+    current context (this thread, or this asyncio task) is MKL memory
+    aligned to ``alignment``; on exit, also through an exception, the
+    handler in force before is back. Contexts nest. Arrays made inside stay
+    valid after the block and may be freed on any thread.
+
+    Threads started inside the block start on NumPy's default handler
+    (before CPython 3.14's ``thread_inherit_context``): enter
+    ``numpy_memory()`` in each thread. ``alignment`` is checked at once
+    (``ValueError`` for anything but a power of two from 1 to 2**30).
+    """
+    return _NumpyMemory(numpy_handler(alignment))
+
+
+def _handler_name(a):
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:  # NumPy 1.x
+        from numpy.core.multiarray import get_handler_name
+    return get_handler_name(a)
+
+
+def is_mkl_array(a):
+    """is_mkl_array(a) -> bool
+
+    Whether the memory under the array ``a`` is MKL memory from this
+    package: data allocated by an mkl_alloc NumPy handler, or an
+    ``MKLMemory`` seen through ``np.frombuffer`` / ``np.asarray`` (a
+    ``memoryview`` base) or ``np.from_dlpack``. Views are followed through
+    ``.base`` to the array that owns the memory.
+    """
+    import numpy as np
+
+    obj = a
+    while obj is not None:
+        if isinstance(obj, MKLMemory):
+            return True
+        if isinstance(obj, np.ndarray):
+            if obj.flags.owndata:
+                return _handler_name(obj) == "mkl_alloc"
+            obj = obj.base
+        elif isinstance(obj, memoryview):
+            obj = obj.obj
+        else:
+            return _native._is_mkl_dlpack(obj)
+    return False

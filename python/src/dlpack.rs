@@ -86,6 +86,11 @@ trait Managed: Sized {
     fn new(tensor: DLTensor, copied: bool, delete: unsafe extern "C" fn(*mut Self)) -> Self;
     fn tensor(&mut self) -> &mut DLTensor;
     fn manager_ctx(&mut self) -> &mut *mut c_void;
+    /// The header's deleter as an address.
+    ///
+    /// # Safety
+    /// `this` points to a live header of this layout.
+    unsafe fn deleter(this: *const Self) -> Option<usize>;
 }
 
 impl Managed for DLManagedTensor {
@@ -102,6 +107,10 @@ impl Managed for DLManagedTensor {
     }
     fn manager_ctx(&mut self) -> &mut *mut c_void {
         &mut self.manager_ctx
+    }
+    unsafe fn deleter(this: *const Self) -> Option<usize> {
+        // SAFETY: the caller's contract.
+        unsafe { (*this).deleter }.map(|d| d as usize)
     }
 }
 
@@ -121,6 +130,10 @@ impl Managed for DLManagedTensorVersioned {
     }
     fn manager_ctx(&mut self) -> &mut *mut c_void {
         &mut self.manager_ctx
+    }
+    unsafe fn deleter(this: *const Self) -> Option<usize> {
+        // SAFETY: the caller's contract.
+        unsafe { (*this).deleter }.map(|d| d as usize)
     }
 }
 
@@ -238,4 +251,41 @@ pub fn versioned_capsule(
     copied: bool,
 ) -> PyResult<Bound<'_, PyCapsule>> {
     capsule::<DLManagedTensorVersioned>(py, export, copied)
+}
+
+/// The tensor header of a DLPack capsule of this module (consumed or not),
+/// if `obj` is one: its deleter is ours.
+fn ours<M: Managed>(obj: *mut ffi::PyObject, names: [&CStr; 3]) -> bool {
+    let ours = delete::<M> as unsafe extern "C" fn(*mut M) as usize;
+    names.iter().any(|name| {
+        // SAFETY: `obj` is a live object; IsValid checks it is a capsule of
+        // that name with a non-null pointer and sets no exception; such a
+        // capsule holds an `M` header (DLPack's layout, whoever made it),
+        // whose deleter field is read, not called.
+        unsafe {
+            ffi::PyCapsule_IsValid(obj, name.as_ptr()) == 1 && {
+                let m = ffi::PyCapsule_GetPointer(obj, name.as_ptr()).cast::<M>();
+                M::deleter(m).is_some_and(|d| d == ours)
+            }
+        }
+    })
+}
+
+/// _is_mkl_dlpack(obj) -> bool: whether ``obj`` is a DLPack capsule made by
+/// ``MKLMemory.__dlpack__``, unconsumed or consumed: renamed
+/// ``used_dltensor*`` by the consumer, or (NumPy 2) the
+/// ``numpy_dltensor*`` capsule over the same tensor that NumPy keeps as the
+/// base of an array from ``np.from_dlpack``. Used by ``is_mkl_array``.
+#[pyfunction]
+pub fn _is_mkl_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+    let p = obj.as_ptr();
+    ours::<DLManagedTensor>(p, [c"dltensor", c"used_dltensor", c"numpy_dltensor"])
+        || ours::<DLManagedTensorVersioned>(
+            p,
+            [
+                c"dltensor_versioned",
+                c"used_dltensor_versioned",
+                c"numpy_dltensor_versioned",
+            ],
+        )
 }

@@ -15,6 +15,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod dlpack;
+mod numpy_handler;
 
 use core::ffi::{c_int, c_void};
 use core::ptr;
@@ -547,5 +548,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(peak_mem_usage, m)?)?;
     m.add_function(wrap_pyfunction!(free_buffers, m)?)?;
     m.add("MAX_ALIGNMENT", MAX_ALIGN)?;
+    numpy_handler::register(m)?;
     Ok(())
 }
