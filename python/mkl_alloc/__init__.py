@@ -14,10 +14,15 @@ The module functions ``mem_stat()``, ``peak_mem_usage(mem_const)`` and
 on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``).
 """
 
-from collections import namedtuple as _namedtuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, SupportsIndex, TypeVar, overload
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 
-def _load_mkl_rt():
+def _load_mkl_rt() -> None:
     """Loads the `mkl` wheel's libmkl_rt.so.3, found through its installed
     file list, for extensions whose RUNPATH does not lead to it (an editable
     install keeps the extension in the source tree). The extension then
@@ -56,25 +61,33 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-class MemStat(_namedtuple("MemStat", ["allocated_bytes", "allocated_buffers"])):
+class MemStat(NamedTuple):
     """What MKL's memory manager has allocated: ``(bytes, buffers)``.
 
     A tuple, so ``nbytes, nbuffers = mem_stat()`` works; it can also be
     read by mkl-service's dict keys: ``mem_stat()["allocated_bytes"]``.
     """
 
-    __slots__ = ()
+    allocated_bytes: int
+    allocated_buffers: int
 
-    def __getitem__(self, key):
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> int: ...
+    @overload
+    def __getitem__(self, key: slice) -> tuple[int, ...]: ...
+    @overload
+    def __getitem__(self, key: str) -> int: ...
+    def __getitem__(self, key: SupportsIndex | slice | str) -> int | tuple[int, ...]:
         if isinstance(key, str):
-            try:
-                return getattr(self, key)
-            except AttributeError:
-                raise KeyError(key) from None
-        return super().__getitem__(key)
+            # Only the two field names: not the tuple's other attributes.
+            if key not in self._fields:
+                raise KeyError(key)
+            value: int = getattr(self, key)
+            return value
+        return tuple.__getitem__(self, key)
 
 
-def mem_stat():
+def mem_stat() -> MemStat:
     """mem_stat() -> MemStat(allocated_bytes, allocated_buffers)
 
     Bytes and blocks MKL's memory manager has allocated right now
@@ -85,7 +98,10 @@ def mem_stat():
     return MemStat(*_mem_stat())
 
 
-def _rebuild(cls, data, alignment):
+_M = TypeVar("_M", bound=MKLMemory)
+
+
+def _rebuild(cls: type[_M], data: Buffer, alignment: int) -> _M:
     """Pickling and copy constructor: ``cls`` (MKLMemory or a subclass)
     holding a copy of ``data``'s bytes at ``alignment``, built without
     calling ``cls.__init__`` (as pickle does for ordinary classes)."""
