@@ -6,12 +6,20 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import mkl_alloc
 
 PYTHON_DIR = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = PYTHON_DIR / "examples"
 # Only before 3.12: see the file.
 ALLOWLIST = PYTHON_DIR / "stubtest-allowlist-before-3.12.txt"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One mypy cache for the module's runs (NumPy's stubs are read once)."""
+    return str(tmp_path_factory.mktemp("mypy-cache"))
 
 
 def run(args, cwd):
@@ -40,25 +48,25 @@ def test_stubs_match_the_built_module(tmp_path):
 # NumPy's stubs accept any buffer (PEP 688's Buffer, hence MKLMemory) in
 # np.frombuffer only when checking for Python 3.12+; for 3.10 and 3.11 they
 # list the built-in buffer types. The examples are checked for 3.12.
-def test_examples_pass_mypy_strict(tmp_path):
+def test_examples_pass_mypy_strict(tmp_path, cache):
     examples = sorted(str(p) for p in EXAMPLES.glob("*.py"))
     assert len(examples) >= 2
     rc, out = run(
-        ["mypy", "--strict", "--python-version", "3.12", "--cache-dir", str(tmp_path / "cache"),
+        ["mypy", "--strict", "--python-version", "3.12", "--cache-dir", cache,
          *examples],
         tmp_path,
     )
     assert rc == 0, out
 
 
-def test_the_installed_package_passes_mypy_strict(tmp_path):
+def test_the_installed_package_passes_mypy_strict(tmp_path, cache):
     """Its Python part (MemStat, mem_stat, ...) against the extension's stub."""
-    rc, out = run(["mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), "-p", "mkl_alloc"],
+    rc, out = run(["mypy", "--strict", "--cache-dir", cache, "-p", "mkl_alloc"],
                   tmp_path)
     assert rc == 0, out
 
 
-def test_mypy_rejects_a_misuse_of_mklmemory(tmp_path):
+def test_mypy_rejects_a_misuse_of_mklmemory(tmp_path, cache):
     """The stubs are what mypy reads: a wrong call is an error (not Any)."""
     bad = tmp_path / "bad.py"
     bad.write_text(
@@ -69,7 +77,7 @@ def test_mypy_rejects_a_misuse_of_mklmemory(tmp_path):
         "peak_mem_usage('peak')\n"
         "m.exports = 3\n"
     )
-    rc, out = run(["mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(bad)], tmp_path)
+    rc, out = run(["mypy", "--strict", "--cache-dir", cache, str(bad)], tmp_path)
     assert rc == 1, out
     for line in (3, 4, 5, 6):
         assert f"bad.py:{line}: error" in out, out
