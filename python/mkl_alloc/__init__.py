@@ -18,10 +18,19 @@ on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``).
 memory (a NEP 49 data-memory handler); see their docstrings.
 """
 
-from collections import namedtuple as _namedtuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, SupportsIndex, TypeVar, overload
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from types import TracebackType
+
+    import numpy.typing as npt
+    from typing_extensions import Buffer, CapsuleType
 
 
-def _load_mkl_rt():
+def _load_mkl_rt() -> None:
     """Loads the `mkl` wheel's libmkl_rt.so.3, found through its installed
     file list, for extensions whose RUNPATH does not lead to it (an editable
     install keeps the extension in the source tree). The extension then
@@ -64,25 +73,33 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-class MemStat(_namedtuple("MemStat", ["allocated_bytes", "allocated_buffers"])):
+class MemStat(NamedTuple):
     """What MKL's memory manager has allocated: ``(bytes, buffers)``.
 
     A tuple, so ``nbytes, nbuffers = mem_stat()`` works; it can also be
     read by mkl-service's dict keys: ``mem_stat()["allocated_bytes"]``.
     """
 
-    __slots__ = ()
+    allocated_bytes: int
+    allocated_buffers: int
 
-    def __getitem__(self, key):
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> int: ...
+    @overload
+    def __getitem__(self, key: slice) -> tuple[int, ...]: ...
+    @overload
+    def __getitem__(self, key: str) -> int: ...
+    def __getitem__(self, key: SupportsIndex | slice | str) -> int | tuple[int, ...]:
         if isinstance(key, str):
-            try:
-                return getattr(self, key)
-            except AttributeError:
-                raise KeyError(key) from None
-        return super().__getitem__(key)
+            # Only the two field names: not the tuple's other attributes.
+            if key not in self._fields:
+                raise KeyError(key)
+            value: int = getattr(self, key)
+            return value
+        return tuple.__getitem__(self, key)
 
 
-def mem_stat():
+def mem_stat() -> MemStat:
     """mem_stat() -> MemStat(allocated_bytes, allocated_buffers)
 
     Bytes and blocks MKL's memory manager has allocated right now
@@ -93,7 +110,10 @@ def mem_stat():
     return MemStat(*_mem_stat())
 
 
-def _rebuild(cls, data, alignment):
+_M = TypeVar("_M", bound=MKLMemory)
+
+
+def _rebuild(cls: type[_M], data: Buffer, alignment: int) -> _M:
     """Pickling and copy constructor: ``cls`` (MKLMemory or a subclass)
     holding a copy of ``data``'s bytes at ``alignment``, built without
     calling ``cls.__init__`` (as pickle does for ordinary classes)."""
@@ -112,12 +132,12 @@ class _NumpyMemory:
 
     __slots__ = ("_handler", "_previous", "_entered")
 
-    def __init__(self, handler):
+    def __init__(self, handler: CapsuleType) -> None:
         self._handler = handler
-        self._previous = None
+        self._previous: CapsuleType | None = None
         self._entered = False
 
-    def __enter__(self):
+    def __enter__(self) -> CapsuleType:
         if self._entered:
             raise RuntimeError(
                 "numpy_memory(): this context manager is already in use; "
@@ -127,14 +147,19 @@ class _NumpyMemory:
         self._entered = True
         return self._handler
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         previous, self._previous = self._previous, None
         self._entered = False
         set_numpy_handler(previous)
         return False
 
 
-def numpy_memory(alignment=64):
+def numpy_memory(alignment: int = 64) -> AbstractContextManager[CapsuleType]:
     """numpy_memory(alignment=64) -> context manager
 
     Inside ``with numpy_memory():`` every data buffer NumPy allocates in the
@@ -151,15 +176,15 @@ def numpy_memory(alignment=64):
     return _NumpyMemory(numpy_handler(alignment))
 
 
-def _handler_name(a):
+def _handler_name(a: npt.NDArray[Any]) -> str | None:
     try:
         from numpy._core.multiarray import get_handler_name
     except ImportError:  # NumPy 1.x
-        from numpy.core.multiarray import get_handler_name
+        from numpy.core.multiarray import get_handler_name  # type: ignore[no-redef]
     return get_handler_name(a)
 
 
-def is_mkl_array(a):
+def is_mkl_array(a: object) -> bool:
     """is_mkl_array(a) -> bool
 
     Whether the memory under the array ``a`` is MKL memory from this
@@ -170,7 +195,7 @@ def is_mkl_array(a):
     """
     import numpy as np
 
-    obj = a
+    obj: object = a
     while obj is not None:
         if isinstance(obj, MKLMemory):
             return True

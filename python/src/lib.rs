@@ -205,10 +205,14 @@ impl MKLMemory {
                 unsafe { ptr::copy_nonoverlapping(src.0, dst.0, len) }
             });
         } else {
+            // CPython 3.10 declares the source view `Py_buffer *` (3.11+:
+            // `const Py_buffer *`) but only reads it: a *mut that builds on both.
+            let src = ptr::from_ref(&buffer.0).cast_mut();
             // SAFETY: as above; ToContiguous copies the view's `len` bytes in
-            // C order into `dst` (it needs the interpreter: we are attached).
+            // C order into `dst` (it needs the interpreter: we are attached)
+            // and does not write through `src`.
             let rc = unsafe {
-                ffi::PyBuffer_ToContiguous(dst.cast::<c_void>(), &buffer.0, len as isize, b'C' as _)
+                ffi::PyBuffer_ToContiguous(dst.cast::<c_void>(), src, len as isize, b'C' as _)
             };
             if rc != 0 {
                 return Err(PyErr::fetch(py));

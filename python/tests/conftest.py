@@ -1,6 +1,8 @@
 """Shared helpers for the mkl_alloc tests."""
 
 import ctypes
+import importlib
+import os
 
 import pytest
 
@@ -55,3 +57,12 @@ def release_buffer(view):
 def pattern():
     """256 distinct-enough bytes."""
     return bytes((i * 37 + 11) % 256 for i in range(256))
+
+
+def require(module):
+    """Imports an optional test dependency (mpi4py, jax): the test is
+    skipped where it is not installed, except under CI=true, where a missing
+    one fails the run instead of skipping quietly."""
+    if os.environ.get("CI") == "true":
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"{module} is not installed (see python/README.md)")

@@ -22,8 +22,10 @@ def test_mem_stat_counts_mklmemory_blocks():
 def test_mem_stat_reads_like_mkl_services_dict_too():
     s = mkl_alloc.mem_stat()
     assert s["allocated_bytes"] == s[0] and s["allocated_buffers"] == s[1]
-    with pytest.raises(KeyError):
-        s["bytes"]
+    assert s[-1] == s.allocated_buffers and s[:] == tuple(s)
+    for key in ["bytes", "count", "index", "_fields", "__len__"]:
+        with pytest.raises(KeyError):
+            s[key]
 
 
 def test_peak_mem_usage_tracks_growth():

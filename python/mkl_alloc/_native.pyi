@@ -1,0 +1,78 @@
+# Types of the Rust extension mkl_alloc._native (python/src/lib.rs), checked
+# against the built module by `python -m mypy.stubtest mkl_alloc`
+# (python/tests/test_typing.py). Users import these names from mkl_alloc.
+#
+# typing_extensions is only read by type checkers here (it ships with them):
+# Buffer is PEP 688's collections.abc.Buffer (3.12+), CapsuleType is
+# types.CapsuleType (3.13+).
+
+from typing import Any, Final, Literal, SupportsIndex
+
+from typing_extensions import Buffer, CapsuleType, Self, disjoint_base
+
+# As the module's own __all__ (PyO3 lists every name it adds, in order).
+__all__ = [
+    "MKLMemory",
+    "_mem_stat",
+    "peak_mem_usage",
+    "free_buffers",
+    "MAX_ALIGNMENT",
+    "numpy_handler",
+    "set_numpy_handler",
+    "_is_mkl_dlpack",
+]
+
+MAX_ALIGNMENT: Final[int]
+"""The largest alignment MKLMemory accepts: 2**30."""
+
+# A native class with its own instance layout: it cannot be a second base
+# beside another such class (PEP 800).
+@disjoint_base
+class MKLMemory:
+    """MKL-allocated memory exported through the buffer protocol and DLPack."""
+
+    def __new__(cls, source: int | Buffer, alignment: int = 64) -> Self: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def alignment(self) -> int: ...
+    @property
+    def _pointer(self) -> int: ...
+    @property
+    def exports(self) -> int: ...
+    def __len__(self) -> int: ...
+    def tobytes(self) -> bytes: ...
+    def realloc(self, new_nbytes: int) -> None: ...
+    # The buffer protocol (PEP 688): what makes `memoryview(m)`,
+    # `np.frombuffer(m)` and mpi4py's buffer arguments type-check. The
+    # extension fills the C slots (bf_getbuffer/bf_releasebuffer); CPython
+    # 3.12+ shows them as these two methods, 3.10 and 3.11 have no such
+    # attributes (see stubtest-allowlist-before-3.12.txt).
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+    # DLPack: `stream` must be None (CPU memory), `dl_device` (1, 0).
+    def __dlpack__(
+        self,
+        *,
+        stream: None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> CapsuleType: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    # Pickling and copies: same type, alignment and contents, a new block.
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]: ...
+    def __copy__(self) -> Self: ...
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self: ...
+    def __sizeof__(self) -> int: ...
+
+def _mem_stat() -> tuple[int, int]: ...
+def peak_mem_usage(
+    mem_const: Literal["enable", "disable", "peak_mem", "peak_mem_reset"],
+) -> int | None: ...
+def free_buffers() -> None: ...
+
+# NumPy's data-memory handlers (NEP 49): "mem_handler" capsules.
+def numpy_handler(alignment: int = 64) -> CapsuleType: ...
+def set_numpy_handler(handler: CapsuleType | None) -> CapsuleType: ...
+def _is_mkl_dlpack(obj: object) -> bool: ...
