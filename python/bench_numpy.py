@@ -108,7 +108,8 @@ def main():
     print(
         f"Python {platform.python_version()}, NumPy {np.__version__}, mkl_alloc "
         f"{mkl_alloc.__version__}, numpy_handler({args.alignment}), NumPy huge pages "
-        f"{'on' if _get_madvise_hugepage() else 'off'}, {args.rounds} interleaved rounds "
+        f"{'on' if _get_madvise_hugepage() else 'off'}, MKL_ALLOC_BLOCK_CACHE="
+        f"{os.environ.get('MKL_ALLOC_BLOCK_CACHE') or 'off'}, {args.rounds} interleaved rounds "
         f"({platform.machine()})\n"
     )
     print("| workload | NumPy default | mkl_alloc handler | handler / default |")

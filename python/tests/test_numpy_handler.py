@@ -311,7 +311,11 @@ def test_mem_stat_agrees_with_mkl_service_and_free_buffers_gives_back():
         during = mkl.mem_stat()
         assert dict(mkl_alloc.mem_stat()._asdict()) == during
         grew = during["allocated_bytes"] - before["allocated_bytes"]
-        assert 8 * MiB <= grew <= 8 * MiB + 8192, grew
+        # MKL counts a block's alignment padding; a block the handler puts
+        # on huge pages (NumPy's switch, >= 4 MiB) is asked at 2 MiB.
+        from numpy._core.multiarray import _get_madvise_hugepage
+        pad = 2 * MiB if _get_madvise_hugepage() else 0
+        assert 8 * MiB <= grew <= 8 * MiB + pad + 8192, grew
         smalls = [np.empty(n) for n in range(1, 100)]
     del a, smalls
     cached = mkl.mem_stat()
