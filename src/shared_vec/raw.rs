@@ -31,6 +31,24 @@ pub(crate) struct RawBuf<T> {
     len: usize,
     cap: usize,
     align: usize,
+    /// The bytes MKL counts for the block (`MKL_Mem_Stat`): see [`mkl_counts`].
+    held: usize,
+}
+
+/// What MKL adds to the size of every block it counts, besides the
+/// alignment: measured with oneMKL 2026.2 (static and `libmkl_rt`, fast
+/// memory manager on or off), `MKL_Mem_Stat` grows by exactly
+/// `size + max(align, 64) + 24` for `MKL_malloc(size, align)`, for every
+/// size from 1 B to 1 MiB and every power-of-two alignment from 1 to 2^24.
+const MKL_BLOCK_HEADER: usize = 24;
+
+/// The bytes `MKL_Mem_Stat` counts for a fresh block of `bytes` at `align`.
+///
+/// A block that `MKL_realloc` resizes *in place* keeps being counted at its
+/// old size (measured: 8000 B shrunk to 24 B still counts 8088; 64 B grown
+/// in place to 65 B still counts 152); one it moves is counted afresh.
+pub(crate) fn mkl_counts(bytes: usize, align: usize) -> usize {
+    bytes + align.max(crate::allocator::MIN_ALIGN) + MKL_BLOCK_HEADER
 }
 
 impl<T: Copy> RawBuf<T> {
@@ -70,6 +88,7 @@ impl<T: Copy> RawBuf<T> {
             len: 0,
             cap,
             align,
+            held: 0,
         }
     }
 
@@ -97,6 +116,7 @@ impl<T: Copy> RawBuf<T> {
                 len: 0,
                 cap,
                 align,
+                held: mkl_counts(bytes, align),
             }),
             None => Err(SharedVecError::AllocFailed { bytes, align }),
         }
@@ -120,6 +140,13 @@ impl<T: Copy> RawBuf<T> {
         self.cap
     }
 
+    /// The bytes MKL counts for the block (0 without one): its size when it
+    /// was last allocated or moved, plus MKL's alignment padding and header.
+    #[inline]
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
     /// Sets the length without touching the elements.
     ///
     /// # Safety
@@ -134,7 +161,9 @@ impl<T: Copy> RawBuf<T> {
     /// Moves the elements into a block of exactly `max(new_cap, len)`
     /// elements (never fewer than the length: no element is dropped). On any
     /// error nothing has changed (MKL_realloc leaves the old block intact
-    /// when it fails).
+    /// when it fails). A shrink goes through `raw_realloc`, which moves a
+    /// large block shrinking to half or less to a new one, so that MKL
+    /// gives the difference back (see `allocator::shrink_moves`).
     fn set_capacity(&mut self, new_cap: usize) -> Result<(), SharedVecError> {
         let new_cap = new_cap.max(self.len);
         if Self::IS_ZST || new_cap == self.cap {
@@ -167,6 +196,12 @@ impl<T: Copy> RawBuf<T> {
             bytes: new_bytes,
             align,
         })?;
+        // A block resized in place is still counted at the size MKL holds;
+        // a fresh or moved one (always at a new address: the old block is
+        // live until the new one exists) at its new size.
+        if self.cap == 0 || ptr != self.ptr {
+            self.held = mkl_counts(new_bytes, align);
+        }
         self.ptr = ptr;
         self.cap = new_cap;
         Ok(())
