@@ -124,7 +124,7 @@ pub(crate) unsafe fn raw_realloc(
 ) -> *mut u8 {
     if shrink_moves(old_size, new_size) {
         // SAFETY: the caller's contract, forwarded; new_size < old_size.
-        let moved = unsafe { shrink_moved(ptr, new_size, align) };
+        let moved = unsafe { shrink_moved(ptr, old_size, new_size, align) };
         if !moved.is_null() {
             return moved;
         }
@@ -214,11 +214,12 @@ pub(crate) fn shrink_moves(old_size: usize, new_size: usize) -> bool {
 /// has no fresh block, the old block then untouched.
 ///
 /// # Safety
-/// `ptr` is a live MKL block of more than `new_size` bytes, allocated with
+/// `ptr` is a live MKL block of `old_size > new_size` bytes, allocated with
 /// an alignment of at least `align` (a power of two); `new_size > 0`.
 #[cold]
 #[inline(never)]
-unsafe fn shrink_moved(ptr: *mut u8, new_size: usize, align: usize) -> *mut u8 {
+unsafe fn shrink_moved(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
+    debug_assert!(0 < new_size && new_size < old_size);
     // SAFETY: new_size > 0 and align is a power of two (caller's contract).
     let fresh = unsafe { raw_alloc(new_size, align) };
     if !fresh.is_null() {
