@@ -19,6 +19,11 @@
 //!    is refetched, never used. A failed fetch leaves nothing behind.
 //! 3. Either way, the prototypes `src/ffi.rs` binds are checked against the
 //!    `mkl_service.h` of the MKL that is linked.
+//! 4. A static build stops if intel-mkl-src's own fallback (an ocipkg
+//!    download of MKL 2020.1, linked by its build script, which runs first)
+//!    is present: two MKLs are never linked together (see `one_mkl`). With
+//!    intel-mkl-src's build script overridden (`[target.<triple>.mkl_core]`
+//!    with `provided-by = "mkl-alloc"`), this script links every MKL.
 //!
 //! Dynamic modes link through a folder of links in `OUT_DIR`: the linker
 //! finds the unversioned names the wheels lack, and because that folder is
@@ -430,8 +435,9 @@ fn one_mkl(config: intel_mkl_tool::Config, ours: &str) -> Result<()> {
     let cache = cache_dir().map_or_else(|e| e, |c| c.display().to_string());
     Err(format!(
         "mkl-alloc: two MKLs would be linked into one program ({config}):\n\
-         - intel-mkl-src's fallback links the MKL 2020.1 that ocipkg keeps in {theirs} \
-         (downloaded by intel-mkl-src's build script when it finds no installed MKL);\n\
+         - intel-mkl-src's fallback links the MKL that ocipkg keeps in {theirs} \
+         (2020.1 for intel-mkl-src 0.8, downloaded by its build script when it finds no \
+         installed MKL);\n\
          - mkl-alloc links {ours}.\n\
          Which one each MKL symbol would come from is an accident of link order, so the \
          build stops. Resolve it in one of these ways:\n\
