@@ -19,6 +19,11 @@
 //!    is refetched, never used. A failed fetch leaves nothing behind.
 //! 3. Either way, the prototypes `src/ffi.rs` binds are checked against the
 //!    `mkl_service.h` of the MKL that is linked.
+//! 4. A static build stops if intel-mkl-src's own fallback (an ocipkg
+//!    download of MKL 2020.1, linked by its build script, which runs first)
+//!    is present: two MKLs are never linked together (see `one_mkl`). With
+//!    intel-mkl-src's build script overridden (`[target.<triple>.mkl_core]`
+//!    with `provided-by = "mkl-alloc"`), this script links every MKL.
 //!
 //! Dynamic modes link through a folder of links in `OUT_DIR`: the linker
 //! finds the unversioned names the wheels lack, and because that folder is
@@ -173,6 +178,7 @@ fn main() {
         "PYTHON",
         "PYO3_PYTHON",
         "VIRTUAL_ENV",
+        "XDG_DATA_HOME",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -255,12 +261,31 @@ fn provision_config(config: intel_mkl_tool::Config) -> Result<()> {
             println!("cargo:rustc-cfg=mkl_dynamic_iomp");
         }
     }
+    // With `links = "mkl_core"` overridden (see `one_mkl`), intel-mkl-src's
+    // build script does not run and links nothing: this script links every MKL.
+    let overridden = intel_mkl_src_overridden();
     if let Ok(lib) = intel_mkl_tool::Library::new(config) {
-        // intel-mkl-src finds the same library and emits the link lines.
+        // intel-mkl-src finds the same library and emits the link lines
+        // (unless overridden: then they are emitted here).
         if config.link == LinkType::Dynamic {
             report_lib_dir(&lib.library_dir);
         }
-        return check_prototypes(&lib.include_dir.join("mkl_service.h"));
+        check_prototypes(&lib.include_dir.join("mkl_service.h"))?;
+        if !overridden {
+            return one_mkl(
+                config,
+                &format!("the installed MKL in {}", lib.library_dir.display()),
+            );
+        }
+        let mut dirs = vec![lib.library_dir.clone()];
+        dirs.extend(
+            lib.iomp5_static_dir
+                .iter()
+                .chain(&lib.iomp5_dynamic_dir)
+                .cloned(),
+        );
+        emit_links(config, &dirs);
+        return Ok(());
     }
 
     let libs = intel_mkl_tool::mkl_libs(config);
@@ -285,35 +310,148 @@ fn provision_config(config: intel_mkl_tool::Config) -> Result<()> {
     let what = config.to_string();
     let cache = ensure_cache(&parts, &what)?;
     check_prototypes(&cache.join("include").join("mkl_service.h"))?;
+    if !overridden {
+        one_mkl(
+            config,
+            &format!(
+                "MKL {MKL_VERSION}, which mkl-alloc provisioned in {}",
+                cache.display()
+            ),
+        )?;
+    }
 
     match config.link {
-        LinkType::Static => {
-            println!(
-                "cargo:rustc-link-search=native={}",
-                cache.join("static").display()
-            );
-            // `-bundle`: linked from the cache at the final link (which pulls
-            // only the objects used), not copied (600 MB) into this rlib.
-            for lib in &libs {
-                println!("cargo:rustc-link-lib=static:-bundle={lib}");
-            }
-            if iomp {
-                println!("cargo:rustc-link-lib=static:-bundle=iomp5");
-            }
-        }
+        LinkType::Static => emit_links(config, &[cache.join("static")]),
         LinkType::Dynamic => {
             report_lib_dir(&cache.join("dynamic"));
             let dir = link_farm(&cache.join("dynamic"))?;
-            println!("cargo:rustc-link-search=native={}", dir.display());
-            for lib in &libs {
-                println!("cargo:rustc-link-lib=dylib={lib}");
-            }
-            if iomp {
-                println!("cargo:rustc-link-lib=dylib=iomp5");
-            }
+            emit_links(config, &[dir]);
         }
     }
     Ok(())
+}
+
+/// The link lines of a configuration, its libraries searched in `dirs`.
+fn emit_links(config: intel_mkl_tool::Config, dirs: &[PathBuf]) {
+    use intel_mkl_tool::{LinkType, Threading};
+    for dir in dirs {
+        println!("cargo:rustc-link-search=native={}", dir.display());
+    }
+    let mut libs = intel_mkl_tool::mkl_libs(config);
+    if config.parallel == Threading::OpenMP {
+        libs.push("iomp5".into());
+    }
+    for lib in &libs {
+        match config.link {
+            // `-bundle`: linked from its folder at the final link (which
+            // pulls only the objects used), not copied (600 MB) into this rlib.
+            LinkType::Static => println!("cargo:rustc-link-lib=static:-bundle={lib}"),
+            LinkType::Dynamic => println!("cargo:rustc-link-lib=dylib={lib}"),
+        }
+    }
+}
+
+/// The metadata key of a `[target.<triple>.mkl_core]` override that tells
+/// this script intel-mkl-src's build script was replaced (and so links no MKL).
+const OVERRIDE_KEY: &str = "provided-by";
+
+/// Whether intel-mkl-src's build script is overridden with
+/// `provided-by = "mkl-alloc"` (cargo then passes `DEP_MKL_CORE_PROVIDED_BY`).
+fn intel_mkl_src_overridden() -> bool {
+    println!("cargo:rerun-if-env-changed=DEP_MKL_CORE_PROVIDED_BY");
+    env::var("DEP_MKL_CORE_PROVIDED_BY").is_ok_and(|v| v == "mkl-alloc")
+}
+
+/// The folders where intel-mkl-src 0.8's fallback keeps (and from where it
+/// links) the MKL 2020.1 it downloads with ocipkg for a static
+/// configuration: `<data>/ocipkg/<registry>/rust-math/rust-mkl/linux/<config>/__<tag>`,
+/// `<data>` being `$XDG_DATA_HOME` (if absolute) or `~/.local/share`, as
+/// ocipkg computes it. Any registry and tag folder counts; returns those
+/// that hold a static library (ocipkg links every `lib*.a` there).
+fn ocipkg_mkls(config: intel_mkl_tool::Config) -> Vec<PathBuf> {
+    let data = env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".local").join("share"))
+        });
+    let Some(data) = data else {
+        return Vec::new();
+    };
+    let subdirs = |dir: &Path| -> Vec<PathBuf> {
+        fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    let has_static_lib = |dir: &PathBuf| {
+        fs::read_dir(dir).into_iter().flatten().flatten().any(|f| {
+            let name = f.file_name().to_string_lossy().into_owned();
+            name.starts_with("lib") && name.ends_with(".a")
+        })
+    };
+    let mut found: Vec<PathBuf> = subdirs(&data.join("ocipkg"))
+        .into_iter()
+        .flat_map(|registry| {
+            let images = registry
+                .join("rust-math")
+                .join("rust-mkl")
+                .join("linux")
+                .join(config.to_string());
+            subdirs(&images)
+        })
+        .filter(has_static_lib)
+        .collect();
+    found.sort();
+    found
+}
+
+/// Exactly one MKL in a static build. intel-mkl-src's build script runs
+/// before this one; when it finds no installed MKL it falls back to MKL
+/// 2020.1 from ocipkg (downloading it if the folder is missing and the
+/// network allows, whatever `MKL_ALLOC_NO_DOWNLOAD` / `CARGO_NET_OFFLINE`
+/// say) and links it into its rlib. Nothing can take those link lines back,
+/// and which MKL's objects the linker then picks would be an accident of
+/// link order, so a build in which that MKL is present stops here. It also
+/// stops when an installed MKL is found: intel-mkl-src does not re-run when
+/// `MKLROOT` changes, so its old ocipkg link lines may still stand.
+fn one_mkl(config: intel_mkl_tool::Config, ours: &str) -> Result<()> {
+    if config.link != intel_mkl_tool::LinkType::Static || !cfg!(target_os = "linux") {
+        return Ok(()); // intel-mkl-src's fallback serves static Linux builds only
+    }
+    let found = ocipkg_mkls(config);
+    let Some(theirs) = found.first().map(|d| d.display().to_string()) else {
+        return Ok(());
+    };
+    for dir in &found {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    let triple = env::var("TARGET").unwrap_or_else(|_| "x86_64-unknown-linux-gnu".into());
+    let cache = cache_dir().map_or_else(|e| e, |c| c.display().to_string());
+    Err(format!(
+        "mkl-alloc: two MKLs would be linked into one program ({config}):\n\
+         - intel-mkl-src's fallback links the MKL that ocipkg keeps in {theirs} \
+         (2020.1 for intel-mkl-src 0.8, downloaded by its build script when it finds no \
+         installed MKL);\n\
+         - mkl-alloc links {ours}.\n\
+         Which one each MKL symbol would come from is an accident of link order, so the \
+         build stops. Resolve it in one of these ways:\n\
+         - let mkl-alloc provide the program's only MKL: add to .cargo/config.toml (the \
+         project's or ~/.cargo/config.toml)\n\
+         \x20   [target.{triple}.mkl_core]\n\
+         \x20   {OVERRIDE_KEY} = \"mkl-alloc\"\n\
+         \x20 which replaces intel-mkl-src's build script (nothing is downloaded, nothing \
+         linked by it); ndarray-linalg and other users of intel-mkl-src then use the same MKL;\n\
+         - or point intel-mkl-src at one MKL for both: set MKLROOT to an MKL installation \
+         (for example mkl-alloc's cache, {cache}, once it is complete), then remove {theirs} \
+         (or run `cargo clean -p intel-mkl-src`) so that intel-mkl-src searches again;\n\
+         - removing {theirs} alone helps only where intel-mkl-src cannot download it again."
+    ))
 }
 
 fn provision_rt() -> Result<()> {
@@ -520,26 +658,101 @@ fn ensure_cache(parts: &[Part], what: &str) -> Result<PathBuf> {
 }
 
 /// A work folder inside the cache, removed however the fetch ends.
-struct WorkDir(PathBuf);
+///
+/// The cache may be shared by builds that cannot see each other's processes
+/// (an NFS home used from several hosts, a cache bind-mounted into
+/// containers with their own PID namespaces), so a folder's owner is not
+/// told by its PID: each folder holds a `lock` file its build keeps
+/// `flock`ed for as long as it lives. The kernel (or the NFS lock manager)
+/// drops that lock when the build exits or is killed, so a folder whose lock
+/// can be taken belongs to a dead build and may be swept; a live folder's
+/// lock cannot be taken from any host or namespace. The lock file is locked
+/// under a temporary name and then renamed to `lock`, so a `lock` that
+/// exists is always held while its build lives.
+struct WorkDir {
+    path: PathBuf,
+    /// Holds the `flock` (closed, and so unlocked, only after the folder is gone).
+    _lock: fs::File,
+}
+
+/// Work folders start with this; the pre-lock `.partial-<pid>` folders of
+/// older builds are never touched (they were swept by PID, unsafe here).
+const WORK_PREFIX: &str = ".work-";
+
+impl WorkDir {
+    fn create(cache: &Path) -> Result<Self> {
+        fs::create_dir_all(cache)
+            .map_err(|e| format!("mkl-alloc: cannot create {}: {e}", cache.display()))?;
+        let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let host: String = host
+            .trim()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect();
+        let pid = std::process::id();
+        for attempt in 0u32.. {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let path = cache.join(format!("{WORK_PREFIX}{host}-{pid}-{nanos}-{attempt}"));
+            match fs::create_dir(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                    continue;
+                }
+                Err(e) => return Err(format!("mkl-alloc: cannot create {}: {e}", path.display())),
+            }
+            let tmp = path.join("lock.tmp");
+            let lock = fs::File::create(&tmp)
+                .map_err(|e| format!("mkl-alloc: cannot create {}: {e}", tmp.display()))?;
+            if !try_flock(&lock) {
+                let _ = fs::remove_dir_all(&path);
+                return Err(format!("mkl-alloc: cannot lock {}", tmp.display()));
+            }
+            fs::rename(&tmp, path.join("lock"))
+                .map_err(|e| format!("mkl-alloc: cannot rename {}: {e}", tmp.display()))?;
+            return Ok(WorkDir { path, _lock: lock });
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Removes the work folders of builds that died mid-fetch: those whose
+    /// `lock` file this build can lock. A folder without a `lock` (one being
+    /// created right now) is left alone.
+    fn sweep(cache: &Path) {
+        let Ok(entries) = fs::read_dir(cache) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_name().to_string_lossy().starts_with(WORK_PREFIX) {
+                continue;
+            }
+            let Ok(lock) = fs::File::open(entry.path().join("lock")) else {
+                continue;
+            };
+            if try_flock(&lock) {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: whether this process now holds the lock.
+fn try_flock(file: &fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this File owns; no memory involved.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
+        let _ = fs::remove_dir_all(&self.path);
     }
 }
 
 fn fetch(cache: &Path, parts: &[&Part], what: &str) -> Result<()> {
     // Sweep the work folders of builds that were killed mid-fetch.
-    if let Ok(entries) = fs::read_dir(cache) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix(".partial-") {
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = fs::remove_dir_all(entry.path());
-                }
-            }
-        }
-    }
+    WorkDir::sweep(cache);
     let mut wheels: BTreeMap<&str, &Wheel> = BTreeMap::new();
     for part in parts {
         wheels.insert(part.wheel.project, part.wheel);
@@ -551,12 +764,12 @@ fn fetch(cache: &Path, parts: &[&Part], what: &str) -> Result<()> {
         projects.join(", "),
         cache.display()
     );
-    let work = WorkDir(cache.join(format!(".partial-{}", std::process::id())));
-    let wheel_dir = work.0.join("wheels");
+    let work = WorkDir::create(cache)?;
+    let wheel_dir = work.path.join("wheels");
     fs::create_dir_all(&wheel_dir)
         .map_err(|e| format!("mkl-alloc: cannot create {}: {e}", wheel_dir.display()))?;
 
-    let requirements = work.0.join("requirements.txt");
+    let requirements = work.path.join("requirements.txt");
     let pins: String = wheels
         .values()
         .map(|w| format!("{}=={MKL_VERSION} --hash=sha256:{}\n", w.project, w.sha256))
@@ -608,7 +821,7 @@ if not found:
     sys.exit(f'{wheel} holds no mkl*.h')
 "#;
     for (i, part) in parts.iter().enumerate() {
-        let unpacked = work.0.join(format!("part{i}"));
+        let unpacked = work.path.join(format!("part{i}"));
         let status = Command::new(&python)
             .args(["-c", script])
             .arg(wheel_dir.join(part.wheel.file))

@@ -5,6 +5,8 @@
 # - a half-written cache part (no stamp, or a stamp that does not match the
 #   files) is never used;
 # - a failed fetch leaves no folder behind;
+# - the sweep of dead builds' work folders spares live ones of other hosts
+#   and PID namespaces (lock-based, not PID-based);
 # - with DOCS_RS set, `cargo doc` needs no MKL and touches no cache.
 # Reuses the current target directory: only build.rs re-runs.
 set -euo pipefail
@@ -52,6 +54,28 @@ if [ -n "$(find "$tmp/cache" -mindepth 1 -print -quit 2>/dev/null)" ]; then
   echo "FAIL: failed fetch left files behind:"; find "$tmp/cache" | head; exit 1
 fi
 echo "ok: failed fetch left nothing behind"; passed=$((passed+1))
+
+# A cache shared with builds this one cannot see (another host over NFS,
+# another PID namespace): a live build's work folder (its lock held, here by
+# a helper process) survives the sweep a fetch starts with; a dead build's
+# (lock free) is removed; an older build's `.partial-<pid>` folder, whose PID
+# means nothing here (above any pid_max), is left alone.
+rm -rf "$tmp/cache"
+live="$tmp/cache/.work-otherhost-7-7-0" dead="$tmp/cache/.work-deadhost-7-7-0" old="$tmp/cache/.partial-999999999"
+mkdir -p "$live" "$dead" "$old"
+touch "$live/lock" "$dead/lock" "$old/mkl_core.part"
+python3 -c 'import fcntl, sys, time
+f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); open(sys.argv[2], "w").close(); time.sleep(600)' \
+  "$live/lock" "$tmp/held" &
+holder=$!
+while [ ! -e "$tmp/held" ]; do sleep 0.1; done
+MKL_ALLOC_CACHE="$tmp/cache" "${unreachable[@]}" cargo check --lib >"$tmp/log" 2>&1 || true
+kill "$holder"; wait "$holder" 2>/dev/null || true
+grep -q "pip download\` failed" "$tmp/log" || { cat "$tmp/log"; echo "FAIL: sweep: no fetch was attempted"; exit 1; }
+[ -e "$live/lock" ] || { echo "FAIL: sweep deleted a live build's work folder (lock held)"; exit 1; }
+[ -e "$old/mkl_core.part" ] || { echo "FAIL: sweep deleted $old, whose PID belongs to no process here"; exit 1; }
+[ ! -e "$dead" ] || { echo "FAIL: sweep kept a dead build's work folder (lock free)"; exit 1; }
+echo "ok: the sweep keeps live work folders of other hosts/namespaces, removes dead ones"; passed=$((passed+1))
 
 # docs.rs: no MKL, no reachable index, and the cache stays empty.
 rm -rf "$tmp/cache"

@@ -329,14 +329,24 @@ impl MKLMemory {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
+        // CPython's contract: on failure view->obj is NULL (callers may
+        // inspect or release it), and a NULL view is never written through.
+        let failed = |e: PyErr| -> PyResult<()> {
+            if !view.is_null() {
+                // SAFETY: a non-null `view` is the caller's Py_buffer.
+                unsafe { (*view).obj = ptr::null_mut() };
+            }
+            Err(e)
+        };
         let export = match slf.get().export("memoryview(MKLMemory)") {
             Ok(export) => export,
-            Err(e) => {
-                // SAFETY: the protocol asks for obj = NULL on failure.
-                unsafe { (*view).obj = ptr::null_mut() };
-                return Err(e);
-            }
+            Err(e) => return failed(e),
         };
+        if view.is_null() {
+            return failed(PyBufferError::new_err(
+                "MKLMemory.__getbuffer__: called with a NULL Py_buffer (view); nothing to fill",
+            ));
+        }
         // Writable (readonly = 0) whatever was asked: a request without
         // PyBUF_WRITABLE may get a writable buffer (as bytearray's does).
         // SAFETY: `view` is the caller's Py_buffer; FillInfo takes a new
@@ -354,7 +364,9 @@ impl MKLMemory {
             )
         };
         if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
+            // FillInfo refuses some flags (3.12+: PyBUF_READ, PyBUF_WRITE)
+            // before it sets view->obj; the export is dropped here.
+            return failed(PyErr::fetch(slf.py()));
         }
         // SAFETY: filled above; `internal` is ours until release.
         unsafe { (*view).internal = Box::into_raw(Box::new(export)).cast() };
@@ -376,7 +388,8 @@ impl MKLMemory {
     }
 
     /// A DLPack capsule of a 1-D uint8 CPU tensor over the block (no copy
-    /// unless ``copy=True``). A versioned capsule is returned when
+    /// unless ``copy=True``, which copies into a fresh block without holding
+    /// the interpreter, as ``realloc`` does). A versioned capsule is returned when
     /// ``max_version >= (1, 0)``, a legacy one otherwise. The capsule counts
     /// as an export until its tensor's deleter runs (or the capsule dies
     /// unconsumed).
@@ -405,10 +418,13 @@ impl MKLMemory {
         }
         let copied = copy == Some(true);
         let export = if copied {
-            let clone = slf
-                .get()
-                .vec
-                .try_clone()
+            // Copied without holding the interpreter, as `realloc` and
+            // `MKLMemory(source)` copy: the clone holds a view of the block
+            // for the whole copy, so a realloc from another thread is
+            // refused rather than racing it.
+            let vec = &slf.get().vec;
+            let clone = py
+                .detach(|| vec.try_clone())
                 .map_err(|e| vec_error("MKLMemory.__dlpack__(copy=True)", e))?;
             SharedMklVec::export(&Arc::new(clone))
                 .map_err(|e| vec_error("MKLMemory.__dlpack__(copy=True)", e))?
@@ -477,13 +493,17 @@ impl MKLMemory {
         Ok(new)
     }
 
-    /// The object's own size plus the MKL block it owns, in bytes.
+    /// What the object holds, in bytes: the object itself, the shared
+    /// handle with its ``Arc`` header, and the MKL block as MKL counts it
+    /// (``mem_stat()``: alignment padding and MKL's header included).
     fn __sizeof__(slf: &Bound<'_, Self>) -> PyResult<usize> {
         let py = slf.py();
         let object = py.import("builtins")?.getattr("object")?;
         let base: usize = object.call_method1("__sizeof__", (slf,))?.extract()?;
-        // The shared handle (with its Arc counters) and the block.
-        Ok(base + slf.get().vec.heap_size() + 2 * core::mem::size_of::<usize>())
+        // The Arc's two counters, padded to the handle's alignment (64).
+        let arc_header = (2 * core::mem::size_of::<usize>())
+            .next_multiple_of(core::mem::align_of::<SharedMklVec<u8>>());
+        Ok(base + arc_header + slf.get().vec.heap_size())
     }
 
     fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {

@@ -38,11 +38,17 @@ use crate::sync::Arc;
 ///
 /// The crate's own copy paths ([`try_clone`](SharedMklVec::try_clone), `serde`
 /// serialisation) never form a `&[T]`: they read through the raw pointer, so
-/// an export's writer does not invalidate a Rust reference under them. If
-/// such a writer runs concurrently with the copy, the copied bytes of the
-/// elements being written are unspecified (old, new, or a mix), exactly as
-/// for C's `memcpy` racing a writer; the copy is never torn across a resize,
-/// since the copy holds a view.
+/// an export's writer does not invalidate a Rust reference under them. But a
+/// copy that runs while a writer writes the same bytes, unsynchronised, is a
+/// **data race**, undefined behaviour in Rust's memory model (as C's
+/// `memcpy` racing a writer is in C's); it is not "unspecified bytes".
+/// What is promised: the copy holds a view, so the block is neither resized
+/// nor freed under it, and it never reads outside the block. What is not: any
+/// value of bytes written during the copy, or anything about a program that
+/// lets a write race a copy. Order the writer's last write before the copy
+/// (join the thread, a lock, a channel), as for any shared memory;
+/// Python's `bytearray` is no different (`bytes(b)` racing a NumPy writer
+/// on another thread is the same race, and Python promises nothing there).
 ///
 /// ```
 /// use std::sync::Arc;

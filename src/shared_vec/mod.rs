@@ -98,6 +98,8 @@ pub struct SharedMklVec<T: Copy> {
     seen_cap: AtomicUsize,
     /// The alignment asked for (a power of two ≤ 2^30). Immutable.
     align: usize,
+    /// Relaxed copy of the bytes MKL counts for the block, for `heap_size`.
+    seen_held: AtomicUsize,
 }
 
 // SAFETY: the vector owns its block (as `Vec<T>` does) and the state word
@@ -146,6 +148,7 @@ impl<T: Copy> SharedMklVec<T> {
             seen_ptr: AtomicPtr::new(raw.ptr().as_ptr()),
             seen_len: AtomicUsize::new(raw.len()),
             seen_cap: AtomicUsize::new(raw.cap()),
+            seen_held: AtomicUsize::new(raw.held()),
             raw: UnsafeCell::new(raw),
             align,
         }
@@ -166,6 +169,7 @@ impl<T: Copy> SharedMklVec<T> {
         self.seen_ptr.store(raw.ptr().as_ptr(), Ordering::Relaxed);
         self.seen_len.store(raw.len(), Ordering::Relaxed);
         self.seen_cap.store(raw.cap(), Ordering::Relaxed);
+        self.seen_held.store(raw.held(), Ordering::Relaxed);
     }
 
     /// Runs `f` on the cell under an exclusive claim (refused while views or
@@ -573,9 +577,16 @@ impl<T: Copy> SharedMklVec<T> {
 
     /// Resizes to exactly `new_len` elements under one exclusive claim:
     /// elements up to `min(len, new_len)` are kept, new ones are `value`, and
-    /// on success the capacity is exactly `new_len` (one `MKL_realloc`, or
+    /// on success the capacity is exactly `new_len` (one reallocation, or
     /// none if it already was; the block is freed for `new_len == 0`). For
     /// zero-sized `T` the capacity stays unbounded.
+    ///
+    /// A shrink gives the memory back where it matters: a block of 256 KiB
+    /// or more shrunk to half its size or less moves to a new block of the
+    /// new size (allocate, copy, free), because `MKL_realloc` shrinks in
+    /// place and keeps holding the whole old block. Smaller shrinks stay in
+    /// place, and MKL then still holds (and counts) the old block's size;
+    /// see [`heap_size`](Self::heap_size).
     ///
     /// Errors: `CapacityOverflow` (checked first, even while views live),
     /// then `Exported` / `Busy`, then `AllocFailed`; on error the pointer,
@@ -673,7 +684,9 @@ impl<T: Copy> SharedMklVec<T> {
         self.try_truncate(0)
     }
 
-    /// Shrinks the block to the length (frees it if empty).
+    /// Shrinks the block to the length (frees it if empty). A large block
+    /// that shrinks to half or less gives its memory back to MKL, as in
+    /// [`try_resize_exact`](Self::try_resize_exact).
     ///
     /// ```
     /// let v = mkl_alloc::SharedMklVec::<u64>::with_capacity(100);
@@ -685,23 +698,26 @@ impl<T: Copy> SharedMklVec<T> {
         self.exclusive(|raw| raw.shrink_to_fit())
     }
 
-    /// Bytes this buffer accounts for: the MKL block plus the handle itself
-    /// (`size_of::<Self>()`; an enclosing `Arc`'s counters are not included).
+    /// Bytes this buffer holds: the MKL block as MKL counts it
+    /// (`MKL_Mem_Stat`: the block's size when it was last allocated or moved,
+    /// MKL's alignment padding of `max(alignment, 64)` bytes and its 24-byte
+    /// header, measured with oneMKL 2026.2) plus the handle itself
+    /// (`size_of::<Self>()`). A block that MKL resized in place is counted,
+    /// by MKL and here, at the size MKL still holds. In an `Arc`, add the
+    /// `Arc`'s counters, padded to the handle's 64-byte alignment: 64 bytes.
+    /// With the huge-page policy covering the block, MKL's padding is the
+    /// 2 MiB it was asked for; with the [block cache](crate::block_cache)
+    /// on, a reused block may be up to 1/8 larger than counted here.
     ///
     /// ```
-    /// let v = mkl_alloc::SharedMklVec::<f64>::with_capacity(1000);
-    /// assert_eq!(
-    ///     v.heap_size(),
-    ///     v.capacity() * 8 + std::mem::size_of::<mkl_alloc::SharedMklVec<f64>>()
-    /// );
+    /// use mkl_alloc::SharedMklVec;
+    ///
+    /// let v = SharedMklVec::<f64>::with_alignment(1000, 4096).unwrap();
+    /// // 8000 bytes, 4096 of alignment padding, MKL's 24-byte header.
+    /// assert_eq!(v.heap_size(), 8000 + 4096 + 24 + size_of::<SharedMklVec<f64>>());
     /// ```
     pub fn heap_size(&self) -> usize {
-        let block = if RawBuf::<T>::IS_ZST {
-            0
-        } else {
-            self.capacity() * size_of::<T>()
-        };
-        block + size_of::<Self>()
+        self.seen_held.load(Ordering::Relaxed) + size_of::<Self>()
     }
 
     /// The elements, through `&mut self` (no atomics: the borrow proves

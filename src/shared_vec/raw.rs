@@ -23,7 +23,7 @@ use core::mem::{align_of, size_of};
 use core::ptr::{self, NonNull};
 
 use super::SharedVecError;
-use crate::allocator::{MAX_ALIGN, raw_alloc, raw_alloc_zeroed, raw_free, raw_realloc};
+use crate::allocator::{MAX_ALIGN, mkl_counts, raw_alloc, raw_alloc_zeroed, raw_free, raw_realloc};
 
 /// Pointer, length, capacity and alignment of one buffer; owns its block.
 pub(crate) struct RawBuf<T> {
@@ -31,6 +31,8 @@ pub(crate) struct RawBuf<T> {
     len: usize,
     cap: usize,
     align: usize,
+    /// The bytes MKL counts for the block (`MKL_Mem_Stat`): see `allocator::mkl_counts`.
+    held: usize,
 }
 
 impl<T: Copy> RawBuf<T> {
@@ -70,6 +72,7 @@ impl<T: Copy> RawBuf<T> {
             len: 0,
             cap,
             align,
+            held: 0,
         }
     }
 
@@ -97,6 +100,7 @@ impl<T: Copy> RawBuf<T> {
                 len: 0,
                 cap,
                 align,
+                held: mkl_counts(bytes, align),
             }),
             None => Err(SharedVecError::AllocFailed { bytes, align }),
         }
@@ -120,6 +124,13 @@ impl<T: Copy> RawBuf<T> {
         self.cap
     }
 
+    /// The bytes MKL counts for the block (0 without one): its size when it
+    /// was last allocated or moved, plus MKL's alignment padding and header.
+    #[inline]
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
     /// Sets the length without touching the elements.
     ///
     /// # Safety
@@ -134,7 +145,9 @@ impl<T: Copy> RawBuf<T> {
     /// Moves the elements into a block of exactly `max(new_cap, len)`
     /// elements (never fewer than the length: no element is dropped). On any
     /// error nothing has changed (MKL_realloc leaves the old block intact
-    /// when it fails).
+    /// when it fails). A shrink goes through `raw_realloc`, which moves a
+    /// large block shrinking to half or less to a new one, so that MKL
+    /// gives the difference back (see `allocator::shrink_moves`).
     fn set_capacity(&mut self, new_cap: usize) -> Result<(), SharedVecError> {
         let new_cap = new_cap.max(self.len);
         if Self::IS_ZST || new_cap == self.cap {
@@ -167,6 +180,12 @@ impl<T: Copy> RawBuf<T> {
             bytes: new_bytes,
             align,
         })?;
+        // A block resized in place is still counted at the size MKL holds;
+        // a fresh or moved one (always at a new address: the old block is
+        // live until the new one exists) at its new size.
+        if self.cap == 0 || ptr != self.ptr {
+            self.held = mkl_counts(new_bytes, align);
+        }
         self.ptr = ptr;
         self.cap = new_cap;
         Ok(())
