@@ -125,21 +125,19 @@ pub use process::*;
 #[cfg(not(loom))]
 mod process {
     use core::ffi::CStr;
-    use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
     use super::shards::Cache;
     use super::{MIN_BLOCK, default_budget};
+    use crate::env::SizePolicy;
     use crate::ffi;
 
     static CACHE: Cache = Cache::new();
 
-    /// The policy word: `UNINIT` (the environment was not read yet: every
-    /// large size takes the slow path), `OFF` (larger than any block), or
-    /// `MIN_BLOCK` while the cache is on. A free or allocation below the
-    /// word pays one relaxed load and a comparison.
-    static POLICY: AtomicUsize = AtomicUsize::new(UNINIT);
-    const UNINIT: usize = 0;
-    const OFF: usize = usize::MAX;
+    /// `MIN_BLOCK` while the cache is on, `OFF` while it is off (see
+    /// `SizePolicy`): a free or allocation below the word pays one relaxed
+    /// load and a comparison.
+    static POLICY: SizePolicy = SizePolicy::new();
+    const OFF: usize = SizePolicy::OFF;
 
     const ENV: &CStr = c"MKL_ALLOC_BLOCK_CACHE";
 
@@ -156,7 +154,7 @@ mod process {
     /// ```
     pub fn enable(max_bytes: usize) {
         CACHE.set_budget(max_bytes, free_to_mkl);
-        POLICY.store(MIN_BLOCK, Relaxed);
+        POLICY.set(MIN_BLOCK);
     }
 
     /// Turns the cache off and gives every cached block back to MKL.
@@ -170,7 +168,7 @@ mod process {
     /// assert_eq!(block_cache::cached_bytes(), 0);
     /// ```
     pub fn disable() {
-        POLICY.store(OFF, Relaxed);
+        POLICY.set(OFF);
         CACHE.drain(free_to_mkl);
     }
 
@@ -185,7 +183,7 @@ mod process {
     /// block_cache::disable();
     /// ```
     pub fn budget() -> Option<usize> {
-        match policy() {
+        match POLICY.get(read_env) {
             OFF => None,
             _ => Some(CACHE.budget()),
         }
@@ -260,34 +258,20 @@ mod process {
     /// load and a comparison below the policy word.
     #[inline(always)]
     pub(crate) fn covers(size: usize) -> bool {
-        size >= POLICY.load(Relaxed) && size >= policy()
+        POLICY.covers(size, read_env)
     }
 
-    #[inline(always)]
-    fn policy() -> usize {
-        match POLICY.load(Relaxed) {
-            UNINIT => init(),
-            p => p,
-        }
-    }
-
-    /// Reads `MKL_ALLOC_BLOCK_CACHE` once (without allocating). An
-    /// `enable`/`disable` that happened meanwhile wins.
-    #[cold]
-    #[inline(never)]
-    fn init() -> usize {
+    /// Reads `MKL_ALLOC_BLOCK_CACHE` (once, without allocating) and sets
+    /// the budget it asks for.
+    fn read_env() -> usize {
         const WARNING: &[u8] =
             b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count; the cache stays off\n";
-        let word = match crate::env::read(ENV, default_budget(), WARNING) {
+        match crate::env::read(ENV, default_budget(), WARNING) {
             Some(budget) => {
                 CACHE.set_budget(budget, free_to_mkl);
                 MIN_BLOCK
             }
             None => OFF,
-        };
-        match POLICY.compare_exchange(UNINIT, word, Relaxed, Relaxed) {
-            Ok(_) => word,
-            Err(set_meanwhile) => set_meanwhile,
         }
     }
 

@@ -4,6 +4,7 @@
 //! here allocates: a byte parser, and a raw `write(2)` for the warning.
 
 use core::ffi::{CStr, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Parses a policy value: `Ok(None)` for off (unset, empty, `off`, `0`),
 /// `Ok(Some(on))` for `on` (any case), `Ok(Some(n))` for a decimal byte
@@ -50,6 +51,64 @@ pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
         unsafe { libc::write(2, warning.as_ptr().cast::<c_void>(), warning.len()) };
         None
     })
+}
+
+/// A size threshold set from the environment on first use, or by the
+/// program: the policy word `huge_pages` and `block_cache` keep. `UNINIT`
+/// (0, so that every size takes the slow path until the environment is
+/// read), [`OFF`](Self::OFF) (larger than any block: a `Layout` size is at
+/// most `isize::MAX`), or the threshold. The fast path is one relaxed load
+/// and one comparison: `size >= word`.
+pub(crate) struct SizePolicy {
+    word: AtomicUsize,
+}
+
+impl SizePolicy {
+    const UNINIT: usize = 0;
+    /// No size reaches it.
+    pub(crate) const OFF: usize = usize::MAX;
+
+    pub(crate) const fn new() -> Self {
+        Self {
+            word: AtomicUsize::new(Self::UNINIT),
+        }
+    }
+
+    /// Whether `size` reaches the threshold; `read_env` runs once, the
+    /// first time the word is needed (racing threads compute the same value;
+    /// a `set` that happened meanwhile wins).
+    #[inline(always)]
+    pub(crate) fn covers(&self, size: usize, read_env: fn() -> usize) -> bool {
+        size >= self.word.load(Relaxed) && size >= self.get(read_env)
+    }
+
+    /// The word (`OFF` or a threshold), reading the environment if nothing did.
+    #[inline(always)]
+    pub(crate) fn get(&self, read_env: fn() -> usize) -> usize {
+        match self.word.load(Relaxed) {
+            Self::UNINIT => self.init(read_env),
+            w => w,
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn init(&self, read_env: fn() -> usize) -> usize {
+        let w = read_env().max(1);
+        match self
+            .word
+            .compare_exchange(Self::UNINIT, w, Relaxed, Relaxed)
+        {
+            Ok(_) => w,
+            Err(set_meanwhile) => set_meanwhile,
+        }
+    }
+
+    /// Sets the word: a threshold (1 ..= `OFF`; 0 is stored as 1, which
+    /// selects the same sizes) or `OFF`.
+    pub(crate) fn set(&self, w: usize) {
+        self.word.store(w.max(1), Relaxed);
+    }
 }
 
 #[cfg(test)]

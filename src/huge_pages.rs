@@ -55,19 +55,17 @@
 //! ```
 
 use core::ffi::{CStr, c_void};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::env::SizePolicy;
 
 /// The size of an x86-64 transparent huge page (2 MiB): the granule that is
 /// advised, and the threshold `MKL_ALLOC_HUGE_PAGES=on` sets.
 pub const HUGE_PAGE_SIZE: usize = 2 << 20;
 
-/// The policy word. `UNINIT`: the environment was not read yet (0, so that
-/// every size takes the slow path until it is); `OFF`: larger than any block
-/// (a `Layout` size is at most `isize::MAX`); otherwise the threshold.
-/// The fast path is one relaxed load and one comparison: `size < POLICY`.
-static POLICY: AtomicUsize = AtomicUsize::new(UNINIT);
-const UNINIT: usize = 0;
-const OFF: usize = usize::MAX;
+/// The threshold, `OFF` while the policy is off (see `SizePolicy`).
+static POLICY: SizePolicy = SizePolicy::new();
+const OFF: usize = SizePolicy::OFF;
 
 /// Bytes advised with `MADV_HUGEPAGE` successfully since the process started.
 static ADVISED: AtomicU64 = AtomicU64::new(0);
@@ -89,10 +87,9 @@ const ENV: &CStr = c"MKL_ALLOC_HUGE_PAGES";
 /// huge_pages::disable();
 /// ```
 pub fn enable(min_bytes: usize) {
-    // 0 is the "not read yet" sentinel; OFF is no threshold at all. Both
-    // clamped values select exactly the same blocks as `min_bytes` does:
-    // every block has a size ≥ 1, none has size usize::MAX.
-    POLICY.store(min_bytes.clamp(1, OFF - 1), Relaxed);
+    // OFF is no threshold at all: usize::MAX - 1 selects the same blocks
+    // (none has size usize::MAX), and 0 is stored as 1 (every block).
+    POLICY.set(min_bytes.min(OFF - 1));
 }
 
 /// Turns the policy off: from now on every MKL block is allocated, grown
@@ -106,7 +103,7 @@ pub fn enable(min_bytes: usize) {
 /// assert_eq!(huge_pages::threshold(), None);
 /// ```
 pub fn disable() {
-    POLICY.store(OFF, Relaxed);
+    POLICY.set(OFF);
 }
 
 /// The threshold in force: `Some(min_bytes)` while the policy is on, `None`
@@ -120,7 +117,7 @@ pub fn disable() {
 /// huge_pages::disable();
 /// ```
 pub fn threshold() -> Option<usize> {
-    match policy() {
+    match POLICY.get(read_env) {
         OFF => None,
         t => Some(t),
     }
@@ -211,30 +208,13 @@ pub fn status() -> Status {
     }
 }
 
-/// The policy word, reading the environment on first use.
-#[inline(always)]
-fn policy() -> usize {
-    match POLICY.load(Relaxed) {
-        UNINIT => init(),
-        p => p,
-    }
-}
-
-/// Reads `MKL_ALLOC_HUGE_PAGES` once (without allocating: see `env`). Two
-/// threads racing here compute the same value; an `enable`/`disable` that
-/// happened meanwhile wins.
-#[cold]
-#[inline(never)]
-fn init() -> usize {
+/// Reads `MKL_ALLOC_HUGE_PAGES` (once, without allocating: see `env`).
+fn read_env() -> usize {
     const WARNING: &[u8] =
         b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages stay off\n";
-    let word = match crate::env::read(ENV, HUGE_PAGE_SIZE, WARNING) {
-        Some(t) => t.clamp(1, OFF - 1),
+    match crate::env::read(ENV, HUGE_PAGE_SIZE, WARNING) {
+        Some(t) => t.min(OFF - 1),
         None => OFF,
-    };
-    match POLICY.compare_exchange(UNINIT, word, Relaxed, Relaxed) {
-        Ok(_) => word,
-        Err(set_meanwhile) => set_meanwhile,
     }
 }
 
@@ -243,7 +223,7 @@ fn init() -> usize {
 /// load and one comparison.
 #[inline(always)]
 pub(crate) fn applies(size: usize) -> bool {
-    size >= POLICY.load(Relaxed) && size >= policy()
+    POLICY.covers(size, read_env)
 }
 
 /// The alignment to ask MKL for a block the policy covers: at least
