@@ -18,6 +18,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `MKL_ALLOC_TEST_SCALE=small` (valgrind); Miri (interpreted) runs smaller still.
 fn small() -> bool {
     std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small")
 }
@@ -30,7 +31,13 @@ fn assert_aligned<T>(p: *const T, what: &str) {
 #[test]
 fn vec_new_in_fill_check_drop() {
     let _g = serial();
-    let n: u64 = if small() { 20_000 } else { 200_000 };
+    let n: u64 = if cfg!(miri) {
+        1_000
+    } else if small() {
+        20_000
+    } else {
+        200_000
+    };
     let before = manager::stats();
     let mut v: AVec<u64, MklAllocator> = AVec::new_in(MklAllocator);
     assert_eq!(manager::stats(), before, "an empty Vec allocates nothing");
@@ -98,7 +105,13 @@ fn vec_of_strings_and_f64_is_simd_ready() {
 #[test]
 fn hashbrown_map_new_in_fill_check_drop() {
     let _g = serial();
-    let n: u32 = if small() { 5_000 } else { 50_000 };
+    let n: u32 = if cfg!(miri) {
+        200
+    } else if small() {
+        5_000
+    } else {
+        50_000
+    };
     let before = manager::stats();
     let mut m: hashbrown::HashMap<u32, AVec<u32, MklAllocator>, _, MklAllocator> =
         hashbrown::HashMap::new_in(MklAllocator);

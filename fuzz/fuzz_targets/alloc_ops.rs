@@ -56,21 +56,24 @@ struct Block {
 }
 
 /// Sizes: mostly below 8 KiB (both sides of the split threshold), some up
-/// to 64 KiB, a few up to 1 MiB, so that a run does many operations.
+/// to 64 KiB, a few up to 256 KiB (every byte is written and checked, so
+/// large blocks are kept rare: a run then does many operations).
 fn size_of_input(size: u32) -> usize {
     match size >> 28 {
         0 => 0,
-        1..=11 => (size & 0x1fff) as usize,
-        12..=14 => (size & 0xffff) as usize,
-        _ => (size & 0xf_ffff) as usize,
+        1..=13 => (size & 0x1fff) as usize,
+        14 => (size & 0xffff) as usize,
+        _ => (size & 0x3_ffff) as usize,
     }
 }
 
-/// Alignments: mostly up to 2^12, some up to 2^24, a few beyond MAX_ALIGN.
+/// Alignments: mostly up to 2^12, a few up to 2^21 (each such block costs
+/// MKL `align` extra bytes: kept rare so that a run stays fast), and a few
+/// beyond MAX_ALIGN.
 fn align_of_input(log2: u8) -> usize {
     match log2 % 64 {
         63 => MAX_ALIGN << 1, // beyond MKL: must be refused
-        l @ 48..=62 => 1 << (l % 25),
+        l @ 58..=62 => 1 << (13 + 2 * (l - 58)),
         l => 1 << (l % 13),
     }
 }

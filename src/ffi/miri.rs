@@ -34,10 +34,16 @@
 //! allocate, so requests beyond a fixed budget fail here first, as MKL's
 //! would on a machine that size).
 //!
-//! Each block is laid out as MKL lays out its own: `align` bytes in front of
-//! the user's part, whose last 24 bytes hold a header (a mark, the user size and
-//! the alignment, checked on free and realloc), all one `System` allocation. Miri therefore
-//! reports any access past the user's `size` bytes. Any size, alignment,
+//! Each block is one `System` allocation of exactly `size` bytes aligned to
+//! `align`: Miri therefore reports any access outside the user's `size`
+//! bytes. Above 4096 (Miri's allocator takes at most 2^29) the allocation
+//! is `size + align` bytes aligned to 4096, the user's part placed at its
+//! first multiple of `align`. Unlike MKL, which keeps a header in front of
+//! the block, the emulation records each live block in a
+//! table keyed by address, holding the allocation's own pointer: the
+//! pointer a caller frees may carry a narrower provenance (a `Box`'s covers
+//! its value only), through which Rust code may not read a header. Freeing
+//! or reallocating an address that is not a live block panics. Any size, alignment,
 //! order of frees and thread is served; the counters are atomics.
 #![allow(non_snake_case)]
 
@@ -45,21 +51,23 @@ use core::ffi::{c_int, c_void};
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::{Mutex, MutexGuard};
 
 use super::{
     MKL_MEM_MCDRAM, MKL_PEAK_MEM, MKL_PEAK_MEM_DISABLE, MKL_PEAK_MEM_ENABLE, MKL_PEAK_MEM_RESET,
 };
 
-/// The memory the emulated MKL may hold at once: 4 GiB (blocks and their
+/// The memory the emulated MKL may hold at once: 16 GiB (blocks and their
 /// alignment padding). Larger requests get null, as from a real MKL on a
 /// machine that size.
-pub const MEMORY: usize = 4 << 30;
+pub const MEMORY: usize = 16 << 30;
 
 /// MKL's default (and minimum) alignment.
 const DEFAULT_ALIGN: usize = 64;
 
-/// Marks a live block's header; cleared when the block is freed.
-const MAGIC: usize = 0x6d6b_6c5f_6d69_7269; // "mkl_miri"
+/// The most alignment asked of `System`: larger alignments are reached by
+/// placing the user's part inside a larger allocation.
+const BASE_ALIGN: usize = 4096;
 
 /// Bytes MKL holds for live blocks (as requested) and how many.
 static BYTES: AtomicI64 = AtomicI64::new(0);
@@ -82,11 +90,15 @@ fn effective_align(align: c_int) -> usize {
     }
 }
 
-/// The `System` layout of a block: `align` bytes of padding (header at its
-/// end), then `size` bytes. `None` if it cannot exist.
+/// The `System` layout of a block of `size` bytes aligned to `align`:
+/// exactly that up to [`BASE_ALIGN`], else room for `align` bytes of
+/// padding in front. `None` if it cannot exist.
 fn outer_layout(size: usize, align: usize) -> Option<Layout> {
-    let total = size.checked_add(align)?;
-    Layout::from_size_align(total, align).ok()
+    if align <= BASE_ALIGN {
+        Layout::from_size_align(size, align).ok()
+    } else {
+        Layout::from_size_align(size.checked_add(align)?, BASE_ALIGN).ok()
+    }
 }
 
 /// Counts `size` bytes more (or fewer) in MKL's statistics.
@@ -124,7 +136,7 @@ fn allocate(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     if !reserve(layout.size()) {
         return ptr::null_mut();
     }
-    // SAFETY: the layout's size is at least `align` ≥ 64 > 0.
+    // SAFETY: the layout's size is at least `size` > 0.
     let base = unsafe {
         if zeroed {
             System.alloc_zeroed(layout)
@@ -136,56 +148,158 @@ fn allocate(size: usize, align: usize, zeroed: bool) -> *mut c_void {
         RESERVED.fetch_sub(layout.size(), Ordering::Relaxed);
         return ptr::null_mut();
     }
-    // SAFETY: the block holds `align` ≥ 64 bytes of padding before the
-    // user's part; the header's three words are the last 24 of them, and
-    // `user` is aligned to `align`, so `user - 24` is aligned for usize.
-    unsafe {
-        let user = base.add(align);
-        header(user).write([MAGIC, size, align]);
-        ANY_BLOCK.store(true, Ordering::Relaxed);
-        account(size, true);
-        user.cast()
+    // The user's part starts at the first multiple of `align` from the
+    // base: the base itself up to BASE_ALIGN, else pad < align bytes in,
+    // leaving `size` bytes (the allocation has `align` extra).
+    let pad = (align - base.addr() % align) % align;
+    // SAFETY: pad = 0, or pad < align with `size + align` bytes allocated.
+    let user = unsafe { base.add(pad) };
+    table().insert(Block {
+        base,
+        size,
+        align,
+        pad,
+    });
+    ANY_BLOCK.store(true, Ordering::Relaxed);
+    account(size, true);
+    user.cast()
+}
+
+/// A live block: the allocation's own pointer (full provenance), the
+/// user's size and alignment, and where the user's part starts.
+#[derive(Clone, Copy)]
+struct Block {
+    base: *mut u8,
+    size: usize,
+    align: usize,
+    pad: usize,
+}
+
+impl Block {
+    fn user_addr(&self) -> usize {
+        self.base.addr() + self.pad
+    }
+
+    /// The user's part, with the allocation's provenance.
+    fn user(&self) -> *mut u8 {
+        // SAFETY: pad < align: inside the allocation (see `allocate`).
+        unsafe { self.base.add(self.pad) }
     }
 }
 
-/// The header of the block whose user part starts at `user`.
-///
-/// # Safety
-/// `user` is a block from [`allocate`] (live or not, for reading it must be live).
-unsafe fn header(user: *mut u8) -> *mut [usize; 3] {
-    // SAFETY: the caller's block has `align` ≥ 64 bytes in front of `user`.
-    unsafe { user.sub(3 * size_of::<usize>()).cast() }
+/// The live blocks, sorted by user address, in memory from `System` (so
+/// that the emulation also serves a `#[global_allocator]` without
+/// recursion). std's `Mutex` does not allocate.
+struct Table {
+    ptr: *mut Block,
+    len: usize,
+    cap: usize,
 }
 
-/// The user size and alignment of a live block; aborts on a pointer that is
-/// not one (a double free or a foreign pointer: Miri would otherwise report
-/// it less clearly, or not at all).
-///
-/// # Safety
-/// `user` points into memory Miri can read 24 bytes in front of.
-unsafe fn live_block(user: *mut u8) -> (usize, usize) {
-    // SAFETY: the caller's contract.
-    let [magic, size, align] = unsafe { header(user).read() };
-    if magic != MAGIC || !align.is_power_of_two() || user.addr() % align != 0 {
-        panic!("MKL emulation (Miri): {user:p} is not a live MKL block (double free?)");
-    }
-    (size, align)
+// SAFETY: the table owns its array; the pointers it holds are addresses of
+// blocks, used only by the thread holding the lock.
+unsafe impl Send for Table {}
+
+static TABLE: Mutex<Table> = Mutex::new(Table {
+    ptr: ptr::null_mut(),
+    len: 0,
+    cap: 0,
+});
+
+fn table() -> MutexGuard<'static, Table> {
+    TABLE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Frees the block at `user` of the given size and alignment.
+impl Table {
+    fn entries(&self) -> &[Block] {
+        if self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: `len` initialised entries at `ptr`.
+        unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn find(&self, addr: usize) -> Result<usize, usize> {
+        self.entries().binary_search_by_key(&addr, Block::user_addr)
+    }
+
+    fn insert(&mut self, block: Block) {
+        let at = match self.find(block.user_addr()) {
+            Err(at) => at,
+            Ok(_) => panic!("MKL emulation (Miri): address handed out twice"),
+        };
+        if self.len == self.cap {
+            let cap = (self.cap * 2).max(64);
+            let layout = Layout::array::<Block>(cap).expect("a small table");
+            // SAFETY: a non-zero layout; the old array (if any) is copied
+            // and freed with the layout it was made with.
+            unsafe {
+                let new = System.alloc(layout).cast::<Block>();
+                assert!(
+                    !new.is_null(),
+                    "MKL emulation (Miri): no memory for the block table"
+                );
+                if !self.ptr.is_null() {
+                    ptr::copy_nonoverlapping(self.ptr, new, self.len);
+                    let old = Layout::array::<Block>(self.cap).expect("a small table");
+                    System.dealloc(self.ptr.cast(), old);
+                }
+                self.ptr = new;
+            }
+            self.cap = cap;
+        }
+        // SAFETY: at <= len < cap: shift the tail up one, write the entry.
+        unsafe {
+            ptr::copy(self.ptr.add(at), self.ptr.add(at + 1), self.len - at);
+            self.ptr.add(at).write(block);
+        }
+        self.len += 1;
+    }
+
+    fn get(&self, addr: usize) -> Option<Block> {
+        self.find(addr).ok().map(|i| self.entries()[i])
+    }
+
+    fn remove(&mut self, addr: usize) -> Option<Block> {
+        let at = self.find(addr).ok()?;
+        let block = self.entries()[at];
+        // SAFETY: at < len: shift the tail down one.
+        unsafe { ptr::copy(self.ptr.add(at + 1), self.ptr.add(at), self.len - at - 1) };
+        self.len -= 1;
+        Some(block)
+    }
+}
+
+/// The live block at `user`; panics if there is none (a double free or a
+/// foreign pointer).
+fn live_block(user: *mut u8) -> Block {
+    table()
+        .get(user.addr())
+        .unwrap_or_else(|| not_a_block(user))
+}
+
+/// Takes the live block at `user` out of the table (it is then the caller's
+/// to release); panics as [`live_block`].
+fn take_block(user: *mut u8) -> Block {
+    table()
+        .remove(user.addr())
+        .unwrap_or_else(|| not_a_block(user))
+}
+
+fn not_a_block(user: *mut u8) -> ! {
+    panic!("MKL emulation (Miri): {user:p} is not a live MKL block (double free?)")
+}
+
+/// Frees a live block (taken out of the table by the caller).
 ///
 /// # Safety
-/// A live block from [`allocate`], not used again.
-unsafe fn release(user: *mut u8, size: usize, align: usize) {
-    let layout = outer_layout(size, align).expect("the layout the block was made with");
-    // SAFETY: the header lies inside the block; the base is `align` bytes
-    // in front of the user's part, and the layout the block was made with.
-    unsafe {
-        header(user).write([0, 0, 0]);
-        System.dealloc(user.sub(align), layout);
-    }
+/// `block` was live until the caller removed it; not used again.
+unsafe fn release(block: Block) {
+    let layout = outer_layout(block.size, block.align).expect("the layout the block was made with");
+    // SAFETY: the allocation's own pointer, and the layout it was made with.
+    unsafe { System.dealloc(block.base, layout) };
     RESERVED.fetch_sub(layout.size(), Ordering::Relaxed);
-    account(size, false);
+    account(block.size, false);
 }
 
 /// `void* MKL_malloc(size_t size, int align)`.
@@ -213,20 +327,22 @@ pub unsafe fn MKL_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     if user.is_null() {
         return allocate(size, DEFAULT_ALIGN, false);
     }
-    // SAFETY: a live block (caller's contract).
-    let (old, align) = unsafe { live_block(user) };
+    let align = live_block(user).align;
     if size == 0 {
-        // SAFETY: as above; the caller gives the block up.
-        unsafe { release(user, old, align) };
+        let block = take_block(user);
+        // SAFETY: taken out of the table: the caller gives the block up.
+        unsafe { release(block) };
         return ptr::null_mut();
     }
     let new = allocate(size, align, false).cast::<u8>();
     if !new.is_null() {
-        // SAFETY: two distinct blocks holding at least min(old, size) bytes;
-        // the old one is freed once and the caller drops its pointer.
+        let old = take_block(user);
+        // SAFETY: two distinct blocks holding at least min(old, size) bytes,
+        // the old one read through its allocation's own pointer; it is freed
+        // once and the caller drops its pointer.
         unsafe {
-            ptr::copy_nonoverlapping(user, new, old.min(size));
-            release(user, old, align);
+            ptr::copy_nonoverlapping(old.user(), new, old.size.min(size));
+            release(old);
         }
     }
     new.cast()
@@ -241,11 +357,9 @@ pub unsafe fn MKL_free(ptr: *mut c_void) {
     if user.is_null() {
         return;
     }
-    // SAFETY: a live block (caller's contract).
-    unsafe {
-        let (size, align) = live_block(user);
-        release(user, size, align);
-    }
+    let block = take_block(user);
+    // SAFETY: taken out of the table: freed once.
+    unsafe { release(block) };
 }
 
 /// `MKL_INT64 MKL_Mem_Stat(int* nbuffers)`.
@@ -309,4 +423,120 @@ pub unsafe fn MKL_Disable_Fast_MM() -> c_int {
 /// None.
 pub unsafe fn MKL_Set_Memory_Limit(mem_type: c_int, _limit: usize) -> c_int {
     if mem_type == MKL_MEM_MCDRAM { 0 } else { -1 }
+}
+
+/// The emulation keeps the contract the crate relies on (each property
+/// measured on the real MKL elsewhere: tests/binding.rs, tests/manager.rs,
+/// tests/fast_mm.rs and the realloc notes in src/allocator.rs).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats() -> (i64, c_int) {
+        let mut n = 0;
+        // SAFETY: a valid out-pointer.
+        let bytes = unsafe { MKL_Mem_Stat(&mut n) };
+        (bytes, n)
+    }
+
+    #[test]
+    fn malloc_aligns_to_max_of_64_and_a_power_of_two() {
+        for (asked, want) in [
+            (0, 64),
+            (1, 64),
+            (3, 64),
+            (64, 64),
+            (128, 128),
+            (1 << 16, 1 << 16),
+        ] {
+            // SAFETY: freed below.
+            let p = unsafe { MKL_malloc(10, asked) };
+            assert!(!p.is_null());
+            assert_eq!(p.addr() % want, 0, "align {asked}");
+            // SAFETY: a live block, freed once.
+            unsafe { MKL_free(p) };
+        }
+    }
+
+    #[test]
+    fn alignments_beyond_the_systems_are_placed_inside_a_larger_block() {
+        // SAFETY: freed below.
+        let p = unsafe { MKL_malloc(100, 1 << 20) }.cast::<u8>();
+        assert_eq!(p.addr() % (1 << 20), 0);
+        // SAFETY: 100 bytes, realloc keeps the alignment and the contents.
+        unsafe {
+            p.write_bytes(7, 100);
+            let q = MKL_realloc(p.cast(), 200).cast::<u8>();
+            assert_eq!(q.addr() % (1 << 20), 0);
+            assert_eq!(*q.add(99), 7);
+            MKL_free(q.cast());
+        }
+    }
+
+    #[test]
+    fn size_zero_and_impossible_sizes_are_null() {
+        // SAFETY: no block is returned.
+        unsafe {
+            assert!(MKL_malloc(0, 64).is_null());
+            assert!(MKL_calloc(1, 0, 64).is_null());
+            assert!(MKL_malloc(MEMORY + 1, 64).is_null());
+            assert!(MKL_malloc(usize::MAX, 64).is_null());
+        }
+    }
+
+    #[test]
+    fn calloc_zeroes_and_realloc_keeps_the_prefix() {
+        // SAFETY: 64 zeroed bytes, grown then shrunk, freed once.
+        unsafe {
+            let p = MKL_calloc(1, 64, 128).cast::<u8>();
+            assert!((0..64).all(|i| *p.add(i) == 0));
+            p.write_bytes(5, 64);
+            let q = MKL_realloc(p.cast(), 1000).cast::<u8>();
+            assert_eq!(q.addr() % 128, 0, "realloc keeps the block's alignment");
+            assert!((0..64).all(|i| *q.add(i) == 5));
+            let r = MKL_realloc(q.cast(), 10).cast::<u8>();
+            assert!((0..10).all(|i| *r.add(i) == 5));
+            MKL_free(r.cast());
+        }
+    }
+
+    #[test]
+    fn a_failed_realloc_leaves_the_block_intact() {
+        // SAFETY: the block stays live after the failed realloc; freed once.
+        unsafe {
+            let p = MKL_malloc(16, 64).cast::<u8>();
+            p.write_bytes(9, 16);
+            assert!(MKL_realloc(p.cast(), MEMORY).is_null());
+            assert!((0..16).all(|i| *p.add(i) == 9));
+            MKL_free(p.cast());
+        }
+    }
+
+    #[test]
+    fn mem_stat_counts_live_bytes_and_blocks() {
+        // Other tests allocate concurrently: check with a margin that only
+        // this test's blocks can explain.
+        let (b0, n0) = stats();
+        // SAFETY: freed below.
+        let p = unsafe { MKL_malloc(1 << 20, 64) };
+        let (b1, n1) = stats();
+        assert!(b1 >= b0 + (1 << 20) - (1 << 16), "{b0} -> {b1}");
+        assert!(n1 >= 1, "{n0} -> {n1} blocks");
+        // SAFETY: a live block, freed once.
+        unsafe { MKL_free(p) };
+        let (b2, _) = stats();
+        assert!(b2 <= b1 - (1 << 20) + (1 << 16), "{b1} -> {b2}");
+    }
+
+    #[test]
+    fn free_of_null_and_the_buffer_and_limit_calls_are_accepted() {
+        // SAFETY: null is accepted; the buffer calls take no arguments.
+        unsafe {
+            MKL_free(ptr::null_mut());
+            MKL_Free_Buffers();
+            MKL_Thread_Free_Buffers();
+            assert_eq!(MKL_Set_Memory_Limit(MKL_MEM_MCDRAM, 1 << 30), 0);
+            assert_eq!(MKL_Set_Memory_Limit(7, 1 << 30), -1);
+        }
+    }
 }
