@@ -21,8 +21,11 @@
 # - alloc_alignment: a matrix over 21 alignments x 45 sizes x 8 operations
 #   filling and checking 12 MiB of patterns: hours under Miri. The same
 #   guarantees (alignment kept by allocate, grow, shrink, realloc) are
-#   checked here by alloc_bad_layouts, alloc_model, split_allocator and
+#   checked here by alloc_bad_layouts, split_allocator and
 #   shared_vec's alignment tests.
+# - alloc_model: proptest sequences over blocks up to 1 MiB checked against
+#   a 1 MiB pattern, minutes per case under Miri; the fuzz target alloc_ops
+#   runs the same kind of sequences natively (scripts/fuzz.sh).
 # - binding: compares addresses of MKL's Fortran symbols (no MKL here).
 # - fast_mm, huge_pages: child processes, /proc, madvise.
 # - manager's peak_stays_some...: re-runs its binary as a child process
@@ -54,7 +57,7 @@ export PROPTEST_DISABLE_FAILURE_PERSISTENCE=true
 
 tests=(
   shared_vec shared_vec_edges shared_vec_export shared_vec_model
-  alloc_bad_layouts alloc_model allocator_api2_04 manager split_allocator
+  alloc_bad_layouts allocator_api2_04 manager split_allocator
   global_std alloc_threads alloc_collections
 )
 # Tests skipped by name (substring), each with its reason: none today.
