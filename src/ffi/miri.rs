@@ -290,14 +290,19 @@ fn not_a_block(user: *mut u8) -> ! {
     panic!("MKL emulation (Miri): {user:p} is not a live MKL block (double free?)")
 }
 
-/// Frees a live block (taken out of the table by the caller).
+/// Frees a live block (taken out of the table by the caller) through
+/// `via`, the caller's pointer to it, where that is the allocation's start:
+/// a `Box` being dropped protects its pointer's tag, and Miri lets only
+/// that tag's own deallocation through (MKL, in C, is outside the model).
 ///
 /// # Safety
-/// `block` was live until the caller removed it; not used again.
-unsafe fn release(block: Block) {
+/// `block` was live until the caller removed it; `via` points at its user
+/// part; not used again.
+unsafe fn release(block: Block, via: *mut u8) {
     let layout = outer_layout(block.size, block.align).expect("the layout the block was made with");
-    // SAFETY: the allocation's own pointer, and the layout it was made with.
-    unsafe { System.dealloc(block.base, layout) };
+    let start = if block.pad == 0 { via } else { block.base };
+    // SAFETY: the allocation's start, and the layout it was made with.
+    unsafe { System.dealloc(start, layout) };
     RESERVED.fetch_sub(layout.size(), Ordering::Relaxed);
     account(block.size, false);
 }
@@ -331,7 +336,7 @@ pub unsafe fn MKL_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     if size == 0 {
         let block = take_block(user);
         // SAFETY: taken out of the table: the caller gives the block up.
-        unsafe { release(block) };
+        unsafe { release(block, user) };
         return ptr::null_mut();
     }
     let new = allocate(size, align, false).cast::<u8>();
@@ -342,7 +347,7 @@ pub unsafe fn MKL_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         // once and the caller drops its pointer.
         unsafe {
             ptr::copy_nonoverlapping(old.user(), new, old.size.min(size));
-            release(old);
+            release(old, user);
         }
     }
     new.cast()
@@ -359,7 +364,7 @@ pub unsafe fn MKL_free(ptr: *mut c_void) {
     }
     let block = take_block(user);
     // SAFETY: taken out of the table: freed once.
-    unsafe { release(block) };
+    unsafe { release(block, user) };
 }
 
 /// `MKL_INT64 MKL_Mem_Stat(int* nbuffers)`.
@@ -526,6 +531,22 @@ mod tests {
         unsafe { MKL_free(p) };
         let (b2, _) = stats();
         assert!(b2 <= b1 - (1 << 20) + (1 << 16), "{b1} -> {b2}");
+    }
+
+    #[test]
+    fn peak_is_relative_to_enabling_and_minus_one_while_off() {
+        // SAFETY: the peak calls take a mode by value; the block is freed once.
+        unsafe {
+            assert_eq!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM_DISABLE), 0);
+            assert_eq!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM), -1);
+            assert_eq!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM_ENABLE), 0);
+            let p = MKL_malloc(1 << 20, 64);
+            assert!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM) >= 1 << 20);
+            MKL_free(p);
+            assert!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM_RESET) >= 1 << 20);
+            assert!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM) < 1 << 20);
+            assert_eq!(MKL_Peak_Mem_Usage(MKL_PEAK_MEM_DISABLE), 0);
+        }
     }
 
     #[test]
