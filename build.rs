@@ -30,7 +30,9 @@
 //! inside the target directory, `cargo run` / `cargo test` put it on the
 //! library path of every program that depends on this crate.
 //!
-//! With `DOCS_RS` set nothing is provisioned or linked (`cargo doc` needs no MKL).
+//! With `DOCS_RS` set nothing is provisioned or linked (`cargo doc` needs no MKL);
+//! nor under Miri (`CARGO_CFG_MIRI`, set for build scripts by `cargo miri`),
+//! where `src/ffi/miri.rs` emulates MKL and nothing is linked.
 //!
 //! Environment: `MKL_ALLOC_CACHE` (cache directory), `MKL_ALLOC_NO_DOWNLOAD=1`
 //! or `CARGO_NET_OFFLINE=true` (never fetch), `PYTHON` (the interpreter that
@@ -195,6 +197,9 @@ fn main() {
     let result = mode().and_then(|mode| {
         if env::var_os("DOCS_RS").is_some() {
             return Ok(()); // docs need no MKL: link nothing, fetch nothing
+        }
+        if env::var_os("CARGO_CFG_MIRI").is_some() {
+            return Ok(()); // Miri runs src/ffi/miri.rs, not MKL: nothing to link
         }
         match mode {
             Mode::Config(config) => provision_config(config),

@@ -14,9 +14,15 @@
 //! at most `isize::MAX` (larger ones corrupt the heap in `MKL_realloc` and
 //! crash `MKL_calloc`), and pass `num = 1` to `MKL_calloc`, which does not
 //! check `num * size` for overflow and returns a block of the wrapped size.
+//!
+//! Under Miri (`cfg(miri)`), which cannot call C, these functions are served
+//! by an emulation over `std::alloc::System` that keeps MKL's contract as the
+//! crate relies on it: `src/ffi/miri.rs`, compiled into no other build.
 #![allow(non_snake_case)]
 
-use core::ffi::{c_int, c_void};
+use core::ffi::c_int;
+#[cfg(not(miri))]
+use core::ffi::c_void;
 
 /// `MKL_PEAK_MEM_DISABLE`: stop tracking peak usage.
 pub const MKL_PEAK_MEM_DISABLE: c_int = 0;
@@ -29,6 +35,12 @@ pub const MKL_PEAK_MEM: c_int = 2;
 /// `MKL_MEM_MCDRAM`: the only memory type `MKL_Set_Memory_Limit` takes.
 pub const MKL_MEM_MCDRAM: c_int = 1;
 
+#[cfg(miri)]
+mod miri;
+#[cfg(miri)]
+pub use miri::*;
+
+#[cfg(not(miri))]
 unsafe extern "C" {
     /// `void* MKL_malloc(size_t size, int align)`: null on failure and for size 0.
     pub fn MKL_malloc(size: usize, align: c_int) -> *mut c_void;

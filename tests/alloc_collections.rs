@@ -18,6 +18,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `MKL_ALLOC_TEST_SCALE=small` (valgrind); Miri (interpreted) runs smaller still.
 fn small() -> bool {
     std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small")
 }
@@ -30,7 +31,13 @@ fn assert_aligned<T>(p: *const T, what: &str) {
 #[test]
 fn vec_new_in_fill_check_drop() {
     let _g = serial();
-    let n: u64 = if small() { 20_000 } else { 200_000 };
+    let n: u64 = if cfg!(miri) {
+        1_000
+    } else if small() {
+        20_000
+    } else {
+        200_000
+    };
     let before = manager::stats();
     let mut v: AVec<u64, MklAllocator> = AVec::new_in(MklAllocator);
     assert_eq!(manager::stats(), before, "an empty Vec allocates nothing");
@@ -99,7 +106,13 @@ fn vec_of_strings_and_f64_is_simd_ready() {
 #[test]
 fn hashbrown_map_new_in_fill_check_drop() {
     let _g = serial();
-    let n: u32 = if small() { 5_000 } else { 50_000 };
+    let n: u32 = if cfg!(miri) {
+        200
+    } else if small() {
+        5_000
+    } else {
+        50_000
+    };
     let before = manager::stats();
     let mut m: hashbrown::HashMap<u32, AVec<u32, MklAllocator>, _, MklAllocator> =
         hashbrown::HashMap::new_in(MklAllocator);
@@ -141,11 +154,12 @@ fn hashbrown_string_keys() {
     let _g = serial();
     let before = manager::stats();
     let mut m = hashbrown::HashMap::new_in(MklAllocator);
-    for i in 0..10_000u32 {
+    let n: u32 = if cfg!(miri) { 300 } else { 10_000 };
+    for i in 0..n {
         m.insert(format!("k{i}"), i);
     }
-    assert!(manager::stats().bytes > before.bytes + 10_000 * 4);
-    assert!((0..10_000u32).all(|i| m[&format!("k{i}")] == i));
+    assert!(manager::stats().bytes > before.bytes + u64::from(n) * 4);
+    assert!((0..n).all(|i| m[&format!("k{i}")] == i));
     drop(m);
     assert_eq!(manager::stats(), before);
 }
@@ -157,10 +171,11 @@ fn zero_sized_layouts_never_reach_mkl() {
     let a = MklAllocator;
 
     let mut units: AVec<(), MklAllocator> = AVec::new_in(MklAllocator);
-    for _ in 0..1_000_000 {
+    let n = if cfg!(miri) { 1_000 } else { 1_000_000 };
+    for _ in 0..n {
         units.push(());
     }
-    assert_eq!(units.len(), 1_000_000);
+    assert_eq!(units.len(), n);
     let empty: AVec<u64, MklAllocator> = AVec::with_capacity_in(0, MklAllocator);
     assert_eq!(empty.capacity(), 0);
     let zst_map: hashbrown::HashMap<(), (), _, MklAllocator> =
@@ -224,6 +239,10 @@ fn zero_sized_layouts_never_reach_mkl() {
 /// more sizes): a shrink keeps the block, a growth within the block MKL
 /// already holds keeps it, a growth beyond it moves the block.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "measures where MKL puts a reallocated block; Miri's MKL emulation always moves it"
+)]
 fn realloc_keeps_the_address_on_shrink_and_moves_on_real_growth() {
     use core::alloc::GlobalAlloc;
     let _g = serial();

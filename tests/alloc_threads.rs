@@ -22,6 +22,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `MKL_ALLOC_TEST_SCALE=small` (valgrind); Miri (interpreted) runs smaller still.
 fn small() -> bool {
     std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small")
 }
@@ -121,7 +122,13 @@ enum Msg {
 fn blocks_handed_between_threads() {
     let _g = serial();
     rows();
-    let total = if small() { 8_000 } else { 100_000 };
+    let total = if cfg!(miri) {
+        400
+    } else if small() {
+        8_000
+    } else {
+        100_000
+    };
     let per_thread = total / THREADS;
     let before = manager::stats();
 
@@ -202,7 +209,13 @@ fn realloc_in_another_thread_keeps_contents() {
     let _g = serial();
     let before = manager::stats();
     let (tx, rx) = mpsc::channel::<Block>();
-    let n = if small() { 200 } else { 2_000 };
+    let n = if cfg!(miri) {
+        40
+    } else if small() {
+        200
+    } else {
+        2_000
+    };
     let producer = thread::spawn(move || {
         let mut rng = 7u64;
         for k in 0..n {

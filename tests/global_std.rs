@@ -21,6 +21,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `MKL_ALLOC_TEST_SCALE=small` (valgrind); Miri (interpreted) runs smaller still.
 fn small() -> bool {
     std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small")
 }
@@ -69,7 +70,13 @@ fn strings_are_mkl_blocks() {
 #[test]
 fn vec_growth_shrink_and_box_keep_alignment_and_contents() {
     let _g = serial();
-    let n = if small() { 20_000 } else { 200_000 };
+    let n = if cfg!(miri) {
+        1_000
+    } else if small() {
+        20_000
+    } else {
+        200_000
+    };
     let mut v: Vec<u64> = Vec::new();
     let mut last = core::ptr::null();
     for i in 0..n {
@@ -121,7 +128,13 @@ fn mkl_stats_grow_and_shrink_with_a_big_vec() {
 #[test]
 fn hashmap_and_btreemap() {
     let _g = serial();
-    let n: u32 = if small() { 2_000 } else { 20_000 };
+    let n: u32 = if cfg!(miri) {
+        200
+    } else if small() {
+        2_000
+    } else {
+        20_000
+    };
     let mut h: HashMap<String, Vec<u32>> = HashMap::new();
     for i in 0..n {
         h.insert(format!("key-{i}"), (0..i % 17).collect());

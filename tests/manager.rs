@@ -159,6 +159,10 @@ fn peak_counts_from_enable_not_from_process_start() {
 /// as a peak of 0, also after disable, enable and reset), which made the
 /// other peak tests fail whenever this one ran before them.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "re-runs the test binary as a child process, which Miri cannot"
+)]
 fn peak_stays_some_while_tracking_when_older_blocks_are_freed() {
     const CHILD: &str = "MKL_ALLOC_MANAGER_TEST_CHILD";
     let name = "peak_stays_some_while_tracking_when_older_blocks_are_freed";

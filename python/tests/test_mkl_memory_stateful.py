@@ -1,0 +1,191 @@
+"""A hypothesis state machine of MKLMemory against a bytearray model.
+
+Random sequences of: exports of every kind (memoryview, np.frombuffer,
+np.asarray, np.from_dlpack, DLPack capsules legacy and versioned), their
+release in any order, writes through writable exports, realloc (it must
+succeed exactly when no export lives and raise BufferError, changing
+nothing, otherwise), tobytes, pickling (protocols 2 to 5) and copies. After
+every step the contents, the size, the alignment of the block and the export
+count must match the model, and every live export must read the model.
+"""
+
+import copy
+import gc
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from mkl_alloc import MKLMemory
+
+SIZES = st.integers(min_value=1, max_value=4096)
+ALIGNMENTS = st.sampled_from([1, 2, 8, 64, 128, 4096, 1 << 16])
+
+# Exports Python code can write through, and those it cannot (capsules).
+WRITABLE_KINDS = ["memoryview", "frombuffer", "asarray", "from_dlpack"]
+CAPSULE_KINDS = ["capsule_legacy", "capsule_versioned"]
+
+
+def make_export(m, kind):
+    if kind == "memoryview":
+        return memoryview(m)
+    if kind == "frombuffer":
+        return np.frombuffer(m, dtype=np.uint8)
+    if kind == "asarray":
+        return np.asarray(m)
+    if kind == "from_dlpack":
+        return np.from_dlpack(m)
+    if kind == "capsule_legacy":
+        return m.__dlpack__()
+    if kind == "capsule_versioned":
+        return m.__dlpack__(max_version=(1, 0))
+    raise AssertionError(kind)
+
+
+def release(kind, export):
+    """Drops the last reference (a memoryview is released explicitly first:
+    the export must be counted down then, not at garbage collection)."""
+    if kind == "memoryview":
+        export.release()
+
+
+class MKLMemoryMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.m = None
+        self.model = bytearray()
+        self.exports = []  # (kind, object)
+
+    @initialize(
+        source=st.one_of(SIZES, st.binary(min_size=1, max_size=4096)),
+        alignment=ALIGNMENTS,
+    )
+    def create(self, source, alignment):
+        self.m = MKLMemory(source, alignment=alignment)
+        self.model = bytearray(source) if isinstance(source, bytes) else bytearray(source)
+        self.alignment = alignment
+
+    # --- exports ----------------------------------------------------------
+
+    @rule(kind=st.sampled_from(WRITABLE_KINDS + CAPSULE_KINDS))
+    def export(self, kind):
+        self.exports.append((kind, make_export(self.m, kind)))
+
+    @precondition(lambda self: self.exports)
+    @rule(data=st.data())
+    def release_one(self, data):
+        i = data.draw(st.integers(0, len(self.exports) - 1), label="export")
+        kind, export = self.exports.pop(i)
+        release(kind, export)
+        del export
+
+    @precondition(lambda self: any(k in WRITABLE_KINDS for k, _ in self.exports))
+    @rule(data=st.data(), value=st.integers(0, 255))
+    def write_through_export(self, data, value):
+        kind, export = self.draw_writable(data)
+        index = data.draw(st.integers(0, len(self.model) - 1), label="index")
+        export[index] = value
+        self.model[index] = value
+
+    @precondition(lambda self: any(k in WRITABLE_KINDS for k, _ in self.exports))
+    @rule(data=st.data(), fill=st.binary(min_size=1, max_size=64))
+    def write_slice_through_export(self, data, fill):
+        kind, export = self.draw_writable(data)
+        start = data.draw(st.integers(0, len(self.model) - 1), label="start")
+        fill = fill[: len(self.model) - start]
+        if kind == "memoryview":
+            export[start : start + len(fill)] = fill
+        else:
+            export[start : start + len(fill)] = np.frombuffer(fill, dtype=np.uint8)
+        self.model[start : start + len(fill)] = fill
+
+    def draw_writable(self, data):
+        # An index, not the object: hypothesis keeps no reference to an export.
+        writable = [i for i, (k, _) in enumerate(self.exports) if k in WRITABLE_KINDS]
+        i = data.draw(st.sampled_from(writable), label="export")
+        return self.exports[i]
+
+    # --- realloc ----------------------------------------------------------
+
+    @rule(n=SIZES)
+    def realloc(self, n):
+        live = len(self.exports)
+        before = (self.m._pointer, self.m.tobytes())
+        if live:
+            with pytest.raises(BufferError, match=rf"refused while {live} export\(s\)"):
+                self.m.realloc(n)
+            assert (self.m._pointer, self.m.tobytes()) == before
+        else:
+            self.m.realloc(n)
+            old = len(self.model)
+            self.model = self.model[:n] + bytearray(max(0, n - old))
+
+    @rule()
+    def realloc_to_zero_is_refused(self):
+        with pytest.raises(ValueError):
+            self.m.realloc(0)
+
+    # --- copies -----------------------------------------------------------
+
+    @rule(protocol=st.integers(2, 5))
+    def pickle_round_trip(self, protocol):
+        back = pickle.loads(pickle.dumps(self.m, protocol=protocol))
+        self.check_copy(back)
+
+    @rule(deep=st.booleans())
+    def copy(self, deep):
+        back = copy.deepcopy(self.m) if deep else copy.copy(self.m)
+        self.check_copy(back)
+
+    @rule()
+    def dlpack_copy(self):
+        d = np.from_dlpack(self.m, copy=True)
+        assert d.tobytes() == bytes(self.model)
+        d[:] = 0  # a copy: the original is untouched (checked by the invariants)
+
+    def check_copy(self, back):
+        assert type(back) is MKLMemory
+        assert back.tobytes() == bytes(self.model)
+        assert back.alignment == self.alignment
+        assert back._pointer % self.alignment == 0
+        assert back._pointer != self.m._pointer
+        assert back.exports == 0
+        # Independent of the original: write all of it, then drop it.
+        with memoryview(back) as view:
+            view[:] = bytes(len(back))
+        back.realloc(len(back) + 1)
+
+    # --- invariants -------------------------------------------------------
+
+    @invariant()
+    def matches_the_model(self):
+        if self.m is None:
+            return
+        assert len(self.m) == self.m.nbytes == len(self.model)
+        assert self.m.tobytes() == bytes(self.model)
+        assert self.m.alignment == self.alignment
+        assert self.m._pointer % self.alignment == 0
+        assert self.m.exports == len(self.exports)
+        for kind, export in self.exports:
+            if kind in WRITABLE_KINDS:
+                assert export.tobytes() == bytes(self.model), kind
+
+    def teardown(self):
+        while self.exports:
+            release(*self.exports.pop())
+        gc.collect()
+        if self.m is not None:
+            assert self.m.exports == 0
+            self.m.realloc(1)  # every export gave its count back
+
+
+MKLMemoryMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_mkl_memory_state_machine = MKLMemoryMachine.TestCase
