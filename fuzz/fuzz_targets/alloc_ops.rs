@@ -167,6 +167,7 @@ fn free(block: Block) {
         Api::Allocator => unsafe {
             with_allocator(block.which, |a| a.free(block.ptr, block.layout))
         },
+        // SAFETY: a live block of this layout from this GlobalAlloc.
         Api::Global => unsafe { global(block.which).dealloc(block.ptr.as_ptr(), block.layout) },
     }
 }
