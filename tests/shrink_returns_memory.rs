@@ -63,26 +63,29 @@ fn global_alloc_realloc_gives_memory_back() {
     }
 }
 
-#[test]
-fn allocator_shrink_gives_memory_back() {
+/// `Vec<u8, A>::shrink_to_fit` from `BLOCK` to `KEPT` bytes: MKL's count
+/// drops and the kept bytes survive.
+fn vec_shrink_gives_memory_back<A: allocator_api2::alloc::Allocator>(a: A, what: &str) {
     let _one = MKL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut v: AVec<u8, MklAllocator> = AVec::with_capacity_in(BLOCK, MklAllocator);
+    let mut v: AVec<u8, A> = AVec::with_capacity_in(BLOCK, a);
     v.extend((0..KEPT).map(pat));
     let held = mkl_bytes();
     v.shrink_to_fit();
-    assert_gave_back("Vec<_, MklAllocator>::shrink_to_fit", held);
+    assert_gave_back(what, held);
     assert!(v.iter().enumerate().all(|(i, &b)| b == pat(i)));
 }
 
 #[test]
+fn allocator_shrink_gives_memory_back() {
+    vec_shrink_gives_memory_back(MklAllocator, "Vec<_, MklAllocator>::shrink_to_fit");
+}
+
+#[test]
 fn split_allocator_shrink_gives_memory_back() {
-    let _one = MKL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut v: AVec<u8, MklSplitAllocator> = AVec::with_capacity_in(BLOCK, MklSplitAllocator);
-    v.extend((0..KEPT).map(pat));
-    let held = mkl_bytes();
-    v.shrink_to_fit();
-    assert_gave_back("Vec<_, MklSplitAllocator>::shrink_to_fit", held);
-    assert!(v.iter().enumerate().all(|(i, &b)| b == pat(i)));
+    vec_shrink_gives_memory_back(
+        MklSplitAllocator::<{ mkl_alloc::DEFAULT_SPLIT_THRESHOLD }>,
+        "Vec<_, MklSplitAllocator>::shrink_to_fit",
+    );
 }
 
 #[test]
