@@ -6,6 +6,8 @@
 //! The cache and MKL's counts are process-wide: every test takes `serial()`
 //! and leaves the cache off and empty.
 
+mod common;
+
 use core::alloc::{GlobalAlloc, Layout};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -43,15 +45,21 @@ fn block(size: usize, align: usize, seed: u8) -> *mut u8 {
     p
 }
 
+/// Bytes between the probes `fill` writes and `check` reads: a prime, so
+/// that they fall on every offset within a page. Under Miri a larger one:
+/// each scattered write splits Miri's per-allocation bookkeeping, and a
+/// thousand probes in a 4 MiB block took a second.
+const STRIDE: usize = if cfg!(miri) { 65_521 } else { 4093 };
+
 fn fill(p: *mut u8, size: usize, seed: u8) {
-    for i in (0..size).step_by(4093) {
+    for i in (0..size).step_by(STRIDE) {
         // SAFETY: i < size, inside the block.
         unsafe { p.add(i).write((i as u8).wrapping_add(seed)) };
     }
 }
 
 fn check(p: *const u8, size: usize, seed: u8) {
-    for i in (0..size).step_by(4093) {
+    for i in (0..size).step_by(STRIDE) {
         // SAFETY: i < size, inside the block.
         assert_eq!(
             unsafe { p.add(i).read() },
@@ -204,7 +212,12 @@ fn growth_takes_a_cached_block_and_caches_the_old_one() {
     let target = block(16 * MIB, 64, 0);
     free(target, 16 * MIB, 64);
     let mut v: AVec<u8, MklAllocator> = AVec::with_capacity_in(8 * MIB, MklAllocator);
-    v.resize(8 * MIB, 7);
+    // SAFETY: 8 MiB of capacity, all written before they count as elements
+    // (one memset: a `resize` is a loop of 8 million steps under Miri).
+    unsafe {
+        v.as_mut_ptr().write_bytes(7, 8 * MIB);
+        v.set_len(8 * MIB);
+    }
     let old = v.as_ptr();
     v.reserve_exact(16 * MIB - v.len());
     assert_eq!(
@@ -212,7 +225,7 @@ fn growth_takes_a_cached_block_and_caches_the_old_one() {
         target.cast_const(),
         "the growth took the cached block"
     );
-    assert!(v.iter().all(|&b| b == 7));
+    common::check_slice(&v, |_| 7);
     assert_eq!(
         block_cache::cached_bytes(),
         8 * MIB,
@@ -234,11 +247,7 @@ fn zeroed_blocks_from_the_cache_are_zero() {
     let z = unsafe { MklAllocator.alloc_zeroed(layout(4 * MIB, 64)) };
     assert_eq!(z, p);
     // SAFETY: 4 MiB of initialised (zeroed) bytes.
-    assert!(
-        unsafe { core::slice::from_raw_parts(z, 4 * MIB) }
-            .iter()
-            .all(|&b| b == 0)
-    );
+    unsafe { common::check(z, 4 * MIB, |_| 0) };
     free(z, 4 * MIB, 64);
     block_cache::disable();
 }
@@ -265,6 +274,7 @@ fn shared_vec_and_the_split_allocator_use_the_cache() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "madvise: Miri has no pages to advise")]
 fn cached_blocks_keep_their_huge_page_advice() {
     let _s = serial();
     block_cache::enable(64 * MIB);
@@ -290,7 +300,8 @@ fn threads_trading_large_blocks_keep_their_contents() {
     std::thread::scope(|s| {
         for t in 0..4u8 {
             s.spawn(move || {
-                for i in 0..200usize {
+                // Under Miri (interpreted) fewer rounds of the same trades.
+                for i in 0..if cfg!(miri) { 12 } else { 200usize } {
                     let size = MIB + ((i * 7919 + t as usize * 104_729) % (3 * MIB));
                     let align = 64 << (i % 7);
                     let p = block(size, align, t.wrapping_add(i as u8));
@@ -325,6 +336,7 @@ fn run_child(value: Option<&str>, expect: &str) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
 fn the_environment_variable_sets_the_budget() {
     let _s = serial();
     run_child(None, "off");
@@ -369,14 +381,17 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    // Under Miri (interpreted) 4 shorter sequences.
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 64 }))]
 
     /// Alloc / realloc / free sequences with the cache on (a small budget,
     /// so blocks are refused and evicted too): every live block keeps its
     /// contents and alignment, the cache stays within its budget, and
     /// `free_buffers` brings MKL's counts back to where they were.
     #[test]
-    fn sequences_with_the_cache_on(ops in proptest::collection::vec(op(), 1..40)) {
+    fn sequences_with_the_cache_on(
+        ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 12 } else { 40 })
+    ) {
         let _s = serial();
         let before = manager::stats();
         block_cache::enable(12 * MIB);

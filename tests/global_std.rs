@@ -96,7 +96,7 @@ fn vec_growth_shrink_and_box_keep_alignment_and_contents() {
     let one = Box::new(7u8);
     assert_aligned(&*one, "Box<u8>");
     assert_eq!(*one, 7);
-    let zeroed = vec![0u32; 100_000];
+    let zeroed = vec![0u32; if cfg!(miri) { 10_000 } else { 100_000 }];
     assert_aligned(zeroed.as_ptr(), "vec![0; n]");
     assert!(zeroed.iter().all(|&x| x == 0));
 }
@@ -104,9 +104,10 @@ fn vec_growth_shrink_and_box_keep_alignment_and_contents() {
 #[test]
 fn mkl_stats_grow_and_shrink_with_a_big_vec() {
     let _g = serial();
-    const N: usize = 32 << 20;
+    // Under Miri (interpreted, every byte written and read) 256 KiB.
+    const N: usize = if cfg!(miri) { 256 << 10 } else { 32 << 20 };
     // The harness's own thread may allocate or free a little meanwhile.
-    const SLACK: u64 = 1 << 20;
+    const SLACK: u64 = if cfg!(miri) { 64 << 10 } else { 1 << 20 };
     let before = manager::stats();
     let mut big: Vec<u8> = Vec::with_capacity(N);
     big.resize(N, 0xa5);
@@ -205,7 +206,8 @@ fn threads_allocate_free_and_exit() {
                         LOCAL.with(|l| {
                             l.borrow_mut().extend((0..100).map(|i| format!("{t}-{i}")));
                         });
-                        let v: Vec<u64> = (0..10_000).map(|i| i ^ t).collect();
+                        let n = if cfg!(miri) { 1_000 } else { 10_000 };
+                        let v: Vec<u64> = (0..n).map(|i| i ^ t).collect();
                         assert_aligned(v.as_ptr(), "Vec in a thread");
                         v
                     })

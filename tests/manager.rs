@@ -9,6 +9,8 @@
 //! - the peak counts from the moment tracking is enabled or reset: blocks
 //!   that were already live are not in it.
 
+mod common;
+
 use core::alloc::Layout;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -24,9 +26,18 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn pattern(seed: u8) -> impl Fn(u8) -> u8 {
+    move |i| i.wrapping_mul(31).wrapping_add(seed)
+}
+
 fn filled(len: usize, seed: u8) -> AVec<u8, MklAllocator> {
     let mut v = AVec::with_capacity_in(len, MklAllocator);
-    v.extend((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)));
+    // SAFETY: the vector holds `len` bytes of capacity, all written before
+    // they count as its elements.
+    unsafe {
+        common::fill(v.as_mut_ptr(), len, pattern(seed));
+        v.set_len(len);
+    }
     v
 }
 
@@ -37,12 +48,7 @@ fn block(len: usize) -> AVec<u8, MklAllocator> {
 
 #[track_caller]
 fn check_filled(v: &[u8], seed: u8) {
-    assert!(
-        v.iter()
-            .enumerate()
-            .all(|(i, &b)| b == (i as u8).wrapping_mul(31).wrapping_add(seed)),
-        "a live block lost its contents"
-    );
+    common::check_slice(v, pattern(seed));
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //!
 //! MKL's counts are process-wide: the tests of this binary run one at a time.
 
+mod common;
+
 use core::alloc::{GlobalAlloc, Layout};
 use std::sync::Mutex;
 
@@ -36,9 +38,15 @@ fn assert_gave_back(what: &str, held: u64) {
     );
 }
 
-/// The pattern byte at index `i`.
-fn pat(i: usize) -> u8 {
-    (i % 251) as u8
+/// The pattern: byte `i` is `pat(i as u8)`.
+fn pat(i: u8) -> u8 {
+    i.wrapping_mul(7).wrapping_add(3)
+}
+
+#[track_caller]
+fn assert_kept(bytes: &[u8]) {
+    assert_eq!(bytes.len(), KEPT);
+    common::check_slice(bytes, pat);
 }
 
 #[test]
@@ -50,15 +58,13 @@ fn global_alloc_realloc_gives_memory_back() {
     unsafe {
         let p = MklAllocator.alloc(layout);
         assert!(!p.is_null());
-        for i in 0..BLOCK {
-            p.add(i).write(pat(i));
-        }
+        common::fill(p, BLOCK, pat);
         let held = mkl_bytes();
         let q = MklAllocator.realloc(p, layout, KEPT);
         assert!(!q.is_null());
         assert_gave_back("GlobalAlloc::realloc", held);
         assert_eq!(q as usize % 64, 0);
-        assert!((0..KEPT).all(|i| *q.add(i) == pat(i)), "contents lost");
+        common::check(q, KEPT, pat);
         MklAllocator.dealloc(q, Layout::from_size_align(KEPT, 64).unwrap());
     }
 }
@@ -68,11 +74,11 @@ fn global_alloc_realloc_gives_memory_back() {
 fn vec_shrink_gives_memory_back<A: allocator_api2::alloc::Allocator>(a: A, what: &str) {
     let _one = MKL.lock().unwrap_or_else(|e| e.into_inner());
     let mut v: AVec<u8, A> = AVec::with_capacity_in(BLOCK, a);
-    v.extend((0..KEPT).map(pat));
+    v.extend_from_slice(&common::pattern_vec(KEPT, pat));
     let held = mkl_bytes();
     v.shrink_to_fit();
     assert_gave_back(what, held);
-    assert!(v.iter().enumerate().all(|(i, &b)| b == pat(i)));
+    assert_kept(&v);
 }
 
 #[test]
@@ -93,7 +99,7 @@ fn shared_vec_shrinks_give_memory_back() {
     let _one = MKL.lock().unwrap_or_else(|e| e.into_inner());
     let filled = || {
         let v = SharedMklVec::<u8>::with_capacity(BLOCK);
-        v.try_extend_from_slice(&(0..BLOCK).map(pat).collect::<Vec<u8>>())
+        v.try_extend_from_slice(&common::pattern_vec(BLOCK, pat))
             .unwrap();
         v
     };
@@ -104,26 +110,14 @@ fn shared_vec_shrinks_give_memory_back() {
     v.try_shrink_to_fit().unwrap();
     assert_gave_back("SharedMklVec::try_shrink_to_fit", held);
     assert_eq!(v.capacity(), KEPT);
-    assert!(
-        v.view()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(i, &b)| b == pat(i))
-    );
+    assert_kept(&v.view().unwrap());
     drop(v);
 
     let v = filled();
     let held = mkl_bytes();
     v.try_resize_exact(KEPT, 0).unwrap();
     assert_gave_back("SharedMklVec::try_resize_exact", held);
-    assert!(
-        v.view()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(i, &b)| b == pat(i))
-    );
+    assert_kept(&v.view().unwrap());
     drop(v);
 
     let mut v = filled();
@@ -139,7 +133,7 @@ fn shared_vec_shrinks_give_memory_back() {
 fn a_mild_shrink_stays_in_place() {
     let _one = MKL.lock().unwrap_or_else(|e| e.into_inner());
     let mut v: AVec<u8, MklAllocator> = AVec::with_capacity_in(BLOCK, MklAllocator);
-    v.extend((0..BLOCK * 3 / 4).map(pat));
+    v.extend_from_slice(&common::pattern_vec(BLOCK * 3 / 4, pat));
     let before = v.as_ptr();
     v.shrink_to_fit();
     assert_eq!(v.as_ptr(), before, "a shrink to 3/4 moved the block");
