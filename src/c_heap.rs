@@ -19,7 +19,8 @@
 //!   alignment class) for the next request of their class, as NumPy caches
 //!   its blocks under 1024 bytes: a `malloc`/`free` pair then costs two
 //!   atomic operations instead of MKL's ~35 ns per block. The bins are
-//!   lock-free (one atomic pointer per slot), serve any thread and accept
+//!   lock-free (one atomic pointer per slot; a loom model,
+//!   `loom_tests/c_heap_bins.rs`, checks them), serve any thread and accept
 //!   frees from any thread. Cached blocks are live MKL blocks (MKL's
 //!   statistics count them); [`manager::free_buffers`](crate::manager::free_buffers)
 //!   gives them back.
@@ -49,7 +50,6 @@
 //! ```
 
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::allocator::{
     MAX_ALIGN, MIN_ALIGN, raw_alloc, raw_alloc_advised, raw_alloc_zeroed, raw_free, raw_realloc,
@@ -74,6 +74,7 @@ pub const HUGE_PAGE_THRESHOLD: usize = 4 << 20;
 /// Size classes of the bins: 64, 128, ..., [`SMALL_MAX`] bytes.
 const CLASSES: usize = SMALL_MAX / MIN_ALIGN;
 /// Alignment classes of the bins: 64, 128, ..., [`BIN_MAX_ALIGN`].
+#[cfg_attr(loom, allow(dead_code))]
 const ALIGN_CLASSES: usize =
     (BIN_MAX_ALIGN.trailing_zeros() - MIN_ALIGN.trailing_zeros()) as usize + 1;
 
@@ -83,13 +84,18 @@ const HEADER_WORDS: usize = 2;
 /// pages (followed again when `realloc` grows the block).
 const HUGE_FLAG: usize = 1;
 
-/// The bins: one atomic pointer per slot, null when empty. A slot is taken
-/// by `swap(null)` (whoever gets a non-null pointer owns that block) and
-/// filled by `compare_exchange(null, block)`, so no block is ever handed out
-/// twice and no pointer chain exists for an ABA to corrupt.
-static BINS: [[[AtomicPtr<u8>; BIN_SLOTS]; CLASSES]; ALIGN_CLASSES] =
-    [const { [const { [const { AtomicPtr::new(ptr::null_mut()) }; BIN_SLOTS] }; CLASSES] };
-        ALIGN_CLASSES];
+pub(crate) mod bin;
+use bin::Bin;
+
+/// The bins, one per size and alignment class (see [`bin`] for how a slot
+/// is taken and filled). Under loom there are none: the allocation path
+/// then caches nothing, and `loom_tests/c_heap_bins.rs` models a [`Bin`]
+/// directly (loom's atomics cannot live in a static).
+#[cfg(not(loom))]
+static BINS: [[Bin; CLASSES]; ALIGN_CLASSES] =
+    [const { [const { Bin::new() }; CLASSES] }; ALIGN_CLASSES];
+#[cfg(loom)]
+static BINS: [[Bin; CLASSES]; 0] = [];
 
 /// An allocation policy: the alignment of every block, and whether blocks of
 /// [`HUGE_PAGE_THRESHOLD`] bytes and more are advised onto huge pages.
@@ -235,7 +241,7 @@ impl CHeap {
     fn alloc(self, size: usize, zeroed: bool) -> *mut u8 {
         let cap = capacity(size);
         if let Some(bin) = bin(cap, self.align) {
-            if let Some(data) = take(bin) {
+            if let Some(data) = bin.take() {
                 // SAFETY: a cached block of `cap` bytes at this alignment,
                 // now exclusively ours.
                 unsafe {
@@ -415,7 +421,7 @@ pub unsafe fn free(ptr: *mut u8) {
     let (cap, tag) = unsafe { read_header(ptr) };
     let align = tag & !HUGE_FLAG;
     if let Some(bin) = bin(cap, align) {
-        if put(bin, ptr) {
+        if bin.put(ptr) {
             return;
         }
     }
@@ -427,7 +433,7 @@ pub unsafe fn free(ptr: *mut u8) {
 /// freed meanwhile may land in the bins again.
 pub(crate) fn release_cached() {
     for bin in BINS.iter().flatten() {
-        while let Some(data) = take(bin) {
+        while let Some(data) = bin.take() {
             // SAFETY: a cached block, now exclusively ours; its header is intact.
             unsafe {
                 let (cap, tag) = read_header(data);
@@ -469,38 +475,12 @@ fn total_size(cap: usize, align: usize) -> Option<usize> {
 
 /// The bin of a block with `cap` bytes at `align`, if such blocks are cached.
 #[inline(always)]
-fn bin(cap: usize, align: usize) -> Option<&'static [AtomicPtr<u8>; BIN_SLOTS]> {
+fn bin(cap: usize, align: usize) -> Option<&'static Bin> {
     if cap > SMALL_MAX || align > BIN_MAX_ALIGN || cap % MIN_ALIGN != 0 {
         return None;
     }
     let a = (align.trailing_zeros() - MIN_ALIGN.trailing_zeros()) as usize;
-    Some(&BINS[a][cap / MIN_ALIGN - 1])
-}
-
-/// A cached block out of `bin`, now owned by the caller.
-#[inline(always)]
-fn take(bin: &[AtomicPtr<u8>; BIN_SLOTS]) -> Option<*mut u8> {
-    for slot in bin {
-        if !slot.load(Ordering::Relaxed).is_null() {
-            // Acquire: the header and contents written before the `put`.
-            let p = slot.swap(ptr::null_mut(), Ordering::Acquire);
-            if !p.is_null() {
-                return Some(p);
-            }
-        }
-    }
-    None
-}
-
-/// Caches `data` in `bin`; false if every slot is taken.
-#[inline(always)]
-fn put(bin: &[AtomicPtr<u8>; BIN_SLOTS], data: *mut u8) -> bool {
-    bin.iter().any(|slot| {
-        slot.load(Ordering::Relaxed).is_null()
-            && slot
-                .compare_exchange(ptr::null_mut(), data, Ordering::Release, Ordering::Relaxed)
-                .is_ok()
-    })
+    BINS.get(a).map(|classes| &classes[cap / MIN_ALIGN - 1])
 }
 
 /// # Safety

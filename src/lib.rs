@@ -76,6 +76,9 @@ pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 pub use block_cache::shards::Cache;
 #[cfg(loom)]
 #[doc(hidden)]
+pub use c_heap::bin::Bin;
+#[cfg(loom)]
+#[doc(hidden)]
 pub use shared_vec::Mutant;
 pub use shared_vec::{ArcView, Export, SharedMklVec, SharedVecError, View, ViewMut};
 pub use split::{DEFAULT_SPLIT_THRESHOLD, MklSplitAllocator, SPLIT_MAX_SMALL_ALIGN};
