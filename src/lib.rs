@@ -24,7 +24,10 @@
 //! MKL itself is found or provisioned by the build script; see the README.
 #![deny(unsafe_op_in_unsafe_fn)]
 // Set by build.rs on nightly compilers only: see the `nightly` feature.
+// The gate is needed only where allocator-api2 0.2's `nightly` feature is on
+// somewhere in the graph; elsewhere nightly would warn that it is unused.
 #![cfg_attr(mkl_alloc_nightly, feature(allocator_api))]
+#![cfg_attr(mkl_alloc_nightly, allow(unknown_lints, unused_features))]
 #![warn(missing_docs)]
 
 // intel-mkl-src links an installed MKL in the chosen configuration (build.rs
