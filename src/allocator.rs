@@ -10,7 +10,8 @@ use core::ptr::{self, NonNull};
 
 use allocator_api2::alloc::AllocError;
 
-use crate::{block_cache, ffi, huge_pages};
+use crate::zeroing::{self, LAZY_ZERO_MIN};
+use crate::{block_cache, ffi, huge_pages, process, shrunk};
 
 /// Every block [`MklAllocator`] hands out is aligned to at least this many
 /// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
@@ -59,99 +60,134 @@ pub(crate) fn mkl_counts(bytes: usize, align: usize) -> usize {
 }
 
 /// `MKL_malloc(size, max(64, align))`; null if MKL fails or cannot express
-/// `align`. A size the block cache covers is first looked up there; a size
-/// the huge-page policy covers is advised.
+/// `align`. Below the process's slow-path word (see `process`) that is all;
+/// a larger block is first looked up in the block cache, and advised where
+/// the huge-page policy covers it.
 ///
 /// # Safety
 /// `size > 0`, `align` a power of two.
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: the caller's contract, forwarded.
-    unsafe { alloc_with(size, align, huge_pages::applies(size)) }
-}
-
-/// [`raw_alloc`], with huge-page advice whatever the global policy says
-/// (for `c_heap`'s NumPy handler, which follows NumPy's own switch).
-///
-/// # Safety
-/// As [`raw_alloc`].
-#[inline]
-pub(crate) unsafe fn raw_alloc_advised(size: usize, align: usize) -> *mut u8 {
-    // SAFETY: the caller's contract, forwarded.
-    unsafe { alloc_with(size, align, true) }
-}
-
-/// A cached block, else a fresh MKL block, advised if `advise`.
-///
-/// # Safety
-/// As [`raw_alloc`].
-#[inline(always)]
-unsafe fn alloc_with(size: usize, align: usize, advise: bool) -> *mut u8 {
-    if block_cache::covers(size) {
-        let cached = block_cache::take(size, mkl_block_align(align));
-        if !cached.is_null() {
-            return cached;
-        }
+    if process::slow(size) {
+        // SAFETY: the caller's contract, forwarded.
+        return unsafe { alloc_slow(size, align, false, false) };
     }
-    // An advised block starts on a 2 MiB boundary, so all of it but the
-    // tail can be huge pages (see huge_pages::block_align).
-    let align = if advise {
-        huge_pages::block_align(size, align)
-    } else {
-        align
-    };
-    let p: *mut u8 = match mkl_align(align) {
-        // SAFETY: MKL_malloc takes any size and a positive power-of-two
-        // alignment (mkl_align's result); it returns null on failure.
-        Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
-        None => return ptr::null_mut(),
-    };
-    if advise && !p.is_null() {
-        // SAFETY: p is the fresh block of `size` bytes just allocated.
-        unsafe { huge_pages::advise(p, size) };
-    }
-    p
+    mkl_malloc(size, align)
 }
 
-/// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure. A block
-/// the huge-page policy or the block cache covers is `raw_alloc` (advised,
-/// or cached) zeroed by hand.
+/// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure. A large
+/// block is zeroed lazily instead (see `zeroing`: its pages read as zero
+/// without being written), whether fresh, cached or advised.
 ///
 /// # Safety
 /// As [`raw_alloc`].
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
-    if huge_pages::applies(size) || block_cache::covers(size) {
-        // MKL_calloc writes every byte (it faults the whole block in before
-        // any advice could apply, and cannot take a cached block): allocate,
-        // then zero, which costs no more.
-        // SAFETY: the caller's contract, forwarded; the block, if any, holds
-        // `size` bytes.
-        unsafe {
-            let p = raw_alloc(size, align);
-            if !p.is_null() {
-                p.write_bytes(0, size);
-            }
-            return p;
-        }
+    if process::slow(size) {
+        // SAFETY: the caller's contract, forwarded.
+        return unsafe { alloc_slow(size, align, false, true) };
     }
+    mkl_calloc(size, align)
+}
+
+/// [`raw_alloc`] or [`raw_alloc_zeroed`], with huge-page advice whatever the
+/// global policy says (for `c_heap`'s NumPy handler, which follows NumPy's
+/// own switch).
+///
+/// # Safety
+/// As [`raw_alloc`].
+#[inline]
+pub(crate) unsafe fn raw_alloc_advised(size: usize, align: usize, zeroed: bool) -> *mut u8 {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { alloc_slow(size, align, true, zeroed) }
+}
+
+#[inline(always)]
+fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
-        // SAFETY: as in raw_alloc; num = 1 so the product cannot overflow.
+        // SAFETY: MKL_malloc takes any size and a positive power-of-two
+        // alignment (mkl_align's result); it returns null on failure.
+        Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
+        None => ptr::null_mut(),
+    }
+}
+
+#[inline(always)]
+fn mkl_calloc(size: usize, align: usize) -> *mut u8 {
+    match mkl_align(align) {
+        // SAFETY: as in mkl_malloc; num = 1 so the product cannot overflow.
         Some(a) => unsafe { ffi::MKL_calloc(1, size, a).cast() },
         None => ptr::null_mut(),
     }
 }
 
-/// `MKL_free(ptr)`, or into the block cache where it covers `size`.
+/// The slow path of every allocation: the first call of the process (which
+/// runs the setup) and every block of the slow-path word's size or more. A
+/// cached block if the cache has one that fits, else a fresh MKL block,
+/// advised if `advise` or the huge-page policy covers it; zeroed if
+/// `zeroed` (lazily where large).
 ///
 /// # Safety
-/// `ptr` came from `raw_alloc*`/`raw_realloc` with a size of at least
-/// `size` bytes, and is not used again.
+/// As [`raw_alloc`].
+#[inline(never)]
+unsafe fn alloc_slow(size: usize, align: usize, advise: bool, zeroed: bool) -> *mut u8 {
+    process::ensure_ready();
+    let mut p = ptr::null_mut();
+    if block_cache::covers(size) {
+        p = block_cache::take(size, mkl_block_align(align));
+    }
+    if p.is_null() {
+        let advise = advise || huge_pages::applies(size);
+        if zeroed && !advise && size < LAZY_ZERO_MIN {
+            return mkl_calloc(size, align);
+        }
+        // An advised block starts on a 2 MiB boundary, so all of it but the
+        // tail can be huge pages (see huge_pages::block_align).
+        let align = if advise {
+            huge_pages::block_align(size, align)
+        } else {
+            align
+        };
+        p = mkl_malloc(size, align);
+        if advise && !p.is_null() {
+            // SAFETY: p is the fresh block of `size` bytes just allocated.
+            unsafe { huge_pages::advise(p, size) };
+        }
+    }
+    if zeroed && !p.is_null() {
+        // SAFETY: p is a block of at least `size` bytes that we own: MKL's
+        // (malloc'd, so private anonymous memory) or the cache's.
+        unsafe { zeroing::zero(p, size) };
+    }
+    p
+}
+
+/// `MKL_free(ptr)`, or into the block cache where it covers the block.
+///
+/// # Safety
+/// `ptr` came from `raw_alloc*`/`raw_realloc` with a size of `size` bytes
+/// (its latest), and is not used again.
 #[inline(always)]
 pub(crate) unsafe fn raw_free(ptr: *mut u8, size: usize) {
-    // SAFETY: a live MKL block of at least `size` bytes that the caller
-    // gives up (caller's contract).
-    if block_cache::covers(size) && unsafe { block_cache::give(ptr, size) } {
+    if process::slow(size) {
+        // SAFETY: the caller's contract, forwarded.
+        return unsafe { free_slow(ptr, size) };
+    }
+    block_cache::tick();
+    // SAFETY: the caller passes a live MKL block, freed exactly once.
+    unsafe { ffi::MKL_free(ptr.cast()) }
+}
+
+/// The slow path of a free: the block's true size (larger if it was shrunk
+/// in place, see `shrunk`), then the cache or MKL.
+///
+/// # Safety
+/// As [`raw_free`].
+#[inline(never)]
+unsafe fn free_slow(ptr: *mut u8, size: usize) {
+    let held = shrunk::take(ptr).unwrap_or(size);
+    // SAFETY: a live MKL block of `held` bytes that the caller gives up.
+    if block_cache::covers(held) && unsafe { block_cache::give(ptr, held) } {
         return;
     }
     // SAFETY: the caller passes a live MKL block, freed exactly once.
@@ -164,33 +200,24 @@ fn mkl_block_align(align: usize) -> usize {
     align.max(MIN_ALIGN)
 }
 
-/// `MKL_realloc(ptr, new_size)`, keeping the block aligned to `max(64, align)`.
-/// On failure returns null and the old block is untouched (MKL's contract).
+/// The block `ptr` of `old_size` bytes resized to `new_size`, aligned to
+/// `max(64, align)`, its first `min(old_size, new_size)` bytes kept. On
+/// failure null, and the old block untouched.
 ///
-/// MKL keeps a block's alignment across `MKL_realloc` (measured for every
-/// power of two 1 .. 2^24); should it ever not, the contents are moved into a
-/// correctly aligned block.
-///
-/// Where the block ends up (measured with oneMKL 2026.2,
-/// `cargo run --release --example realloc_in_place`): every shrink kept the
-/// address (100 B -> 50 B up to 32 MiB -> 16 MiB, and MKL keeps holding the
-/// whole old block); a growth kept it only while the new size still fit the
-/// block MKL already held (64 B -> 65 B; 100 000 B shrunk to 1 000 and grown
-/// back to 2 000); every other growth moved and copied the block (64 B ->
-/// 128 B, 1 000 B -> 2 000 B, 1 MiB -> 2 MiB, 16 MiB -> 32 MiB, and all 21
-/// steps of a doubling from 64 B to 128 MiB), fast memory manager on or off.
-///
-/// A growth to a size the huge-page policy or the block cache covers is
-/// done by [`grow_by_move`] instead, so that the copy lands on advised
-/// memory, takes a cached block, and the old block goes to the cache.
-///
-/// A shrink that [`shrink_moves`] is done by [`shrink_moved`] instead: since
-/// `MKL_realloc` keeps the whole block when it shrinks, only a move gives
-/// the memory back.
+/// Small blocks at alignments up to 64 go to `MKL_realloc`. MKL keeps a
+/// block's alignment across it (measured for every power of two 1 .. 2^24),
+/// and every block of the crate was asked of MKL at 64 or more. Where the
+/// block ends up (measured with oneMKL 2026.2, `cargo run --release
+/// --example realloc_in_place`): every shrink kept the address (100 B ->
+/// 50 B up to 32 MiB -> 16 MiB, and MKL keeps holding the whole old block);
+/// a growth kept it only while the new size still fit the block MKL
+/// already held (64 B -> 65 B; 100 000 B shrunk to 1 000 and grown back to
+/// 2 000); every other growth moved and copied the block, fast memory
+/// manager on or off. Everything else takes [`realloc_slow`].
 ///
 /// # Safety
-/// `ptr` is a live MKL block of `old_size` bytes allocated with an alignment
-/// of at least `align`; `new_size > 0`.
+/// `ptr` is a live MKL block of `old_size` bytes (its latest size)
+/// allocated with an alignment of at least `align`; `new_size > 0`.
 #[inline(always)]
 pub(crate) unsafe fn raw_realloc(
     ptr: *mut u8,
@@ -198,53 +225,128 @@ pub(crate) unsafe fn raw_realloc(
     new_size: usize,
     align: usize,
 ) -> *mut u8 {
-    if shrink_moves(old_size, new_size) {
-        // SAFETY: the caller's contract, forwarded; new_size < old_size.
-        let moved = unsafe { shrink_moved(ptr, old_size, new_size, align) };
-        if !moved.is_null() {
-            return moved;
-        }
-        // No memory for the smaller block: shrink in place below (the old
-        // block is untouched), which keeps the contents and never fails.
-    }
-    if new_size > old_size && (huge_pages::applies(new_size) || block_cache::covers(new_size)) {
+    if process::slow(old_size.max(new_size))
+        || align > MIN_ALIGN
+        || shrink_moves(old_size, new_size)
+    {
         // SAFETY: the caller's contract, forwarded.
-        return unsafe { grow_by_move(ptr, old_size, new_size, align) };
+        return unsafe { realloc_slow(ptr, old_size, new_size, align) };
     }
+    // SAFETY: the caller's contract; a block of the crate at alignment 64.
+    unsafe { mkl_realloc(ptr, old_size, new_size) }
+}
+
+/// `MKL_realloc` of a block MKL holds at alignment 64 (MKL keeps that).
+///
+/// # Safety
+/// `ptr` is a live MKL block of `old_size` bytes, allocated at 64;
+/// `new_size > 0`.
+#[inline(always)]
+unsafe fn mkl_realloc(ptr: *mut u8, old_size: usize, new_size: usize) -> *mut u8 {
     // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
     // null and leaves it intact, or frees it and returns the new block.
     let new: *mut u8 = unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() };
-    let mask = if align > MIN_ALIGN { align } else { MIN_ALIGN } - 1;
-    if new as usize & mask == 0 {
+    if new as usize & (MIN_ALIGN - 1) == 0 {
         return new; // also the null case
     }
     // SAFETY: `new` is a live MKL block of new_size bytes holding the
     // first min(old_size, new_size) bytes of the old one.
-    unsafe { realign(new, old_size.min(new_size), new_size, mask + 1) }
+    unsafe { realign(new, old_size.min(new_size), new_size) }
 }
 
-/// Growth under the huge-page policy or the block cache: a fresh block
-/// ([`raw_alloc`]: a cached one, or one advised before anything touches
-/// it), the old contents copied into it, the old block freed (into the
-/// cache where it covers it). `MKL_realloc` would copy into fresh
-/// *unadvised* memory, faulting it in 4 KiB pages, and free the old block
-/// behind the cache's back. The guarantees are `raw_realloc`'s:
-/// contents, alignment `max(64, align)`, and on failure null with the old
-/// block untouched.
+/// The slow path of a resize: large blocks, alignments above 64, and
+/// shrinks that move.
+///
+/// - A block's true size is its record's if it was shrunk in place (see
+///   `shrunk`): MKL holds that much.
+/// - A shrink to half or less of a block of [`SHRINK_MOVE_MIN`] or more
+///   moves ([`shrink_moved`]): only a move gives the memory back. Any other
+///   shrink stays in place without calling MKL (`MKL_realloc` keeps the
+///   whole block anyway); a large block's true size is recorded (or, the
+///   record table being full, the block moves).
+/// - A growth that still fits the block's true size stays in place.
+/// - Any other growth of a block that the huge-page policy or the block
+///   cache covers, or at an alignment above 64, is a move
+///   ([`grow_by_move`]): the copy lands on advised or cached memory, the
+///   old block goes to the cache, and the alignment is the one asked
+///   (`MKL_realloc` keeps the alignment MKL recorded for the block, which
+///   for a block the cache served can be lower than its address has).
+/// - Anything else is `MKL_realloc`.
 ///
 /// # Safety
-/// As [`raw_realloc`], and `new_size > old_size`.
+/// As [`raw_realloc`].
+#[inline(never)]
+unsafe fn realloc_slow(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
+    process::ensure_ready();
+    let held = shrunk::take(ptr).unwrap_or(old_size);
+    if new_size <= held {
+        if shrink_moves(held, new_size) {
+            // SAFETY: a live block of `held` bytes; new_size < held.
+            let moved = unsafe { shrink_moved(ptr, held, new_size, align) };
+            if !moved.is_null() {
+                return moved;
+            }
+            // No memory for the smaller block: it stays in place.
+        }
+        if new_size >= block_cache::MIN_BLOCK
+            && held > new_size
+            && !shrunk::record(ptr, held)
+            && new_size < old_size
+        {
+            // SAFETY: as above.
+            let moved = unsafe { shrink_moved(ptr, held, new_size, align) };
+            if !moved.is_null() {
+                return moved;
+            }
+        }
+        if held > old_size || align > MIN_ALIGN || new_size >= block_cache::MIN_BLOCK {
+            return ptr;
+        }
+        // SAFETY: a small block at alignment 64 that was never shrunk in
+        // place by the crate: MKL knows its size.
+        return unsafe { mkl_realloc(ptr, old_size, new_size) };
+    }
+    if align > MIN_ALIGN || block_cache::covers(new_size) || huge_pages::applies(new_size) {
+        // SAFETY: the caller's contract; new_size > held.
+        return unsafe { grow_by_move(ptr, old_size, held, new_size, align) };
+    }
+    // SAFETY: a live block at alignment 64 (caller's contract), no longer
+    // recorded; MKL knows its true size, and new_size exceeds it.
+    unsafe { mkl_realloc(ptr, old_size, new_size) }
+}
+
+/// Growth by allocate + copy + free: a fresh block ([`raw_alloc`]: a cached
+/// one, or one advised before anything touches it), the first `keep` bytes
+/// copied into it, the old block (of `held` bytes) freed (into the cache
+/// where it covers it). The guarantees are `raw_realloc`'s: contents,
+/// alignment `max(64, align)`, and on failure null with the old block
+/// untouched.
+///
+/// # Safety
+/// `ptr` is a live MKL block of `held >= keep` bytes, no longer recorded as
+/// shrunk; `new_size > keep`; `align` a power of two.
 #[cold]
 #[inline(never)]
-unsafe fn grow_by_move(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
+unsafe fn grow_by_move(
+    ptr: *mut u8,
+    keep: usize,
+    held: usize,
+    new_size: usize,
+    align: usize,
+) -> *mut u8 {
     // SAFETY: new_size > 0 and align is a power of two (caller's contract).
     let fresh = unsafe { raw_alloc(new_size, align) };
-    if !fresh.is_null() {
-        // SAFETY: distinct live blocks; the old one holds old_size bytes and
+    if fresh.is_null() {
+        // The old block stays as it was, with its record.
+        if held > keep {
+            shrunk::record(ptr, held);
+        }
+    } else {
+        // SAFETY: distinct live blocks; the old one holds keep bytes and
         // the new one more; the old one is freed once and not used again.
         unsafe {
-            ptr::copy_nonoverlapping(ptr, fresh, old_size);
-            raw_free(ptr, old_size);
+            ptr::copy_nonoverlapping(ptr, fresh, keep);
+            raw_free(ptr, held);
         }
     }
     fresh
@@ -258,8 +360,8 @@ pub(crate) const SHRINK_MOVE_MIN: usize = 256 << 10;
 pub(crate) const SHRINK_MOVE_RATIO: usize = 2;
 
 /// Whether a shrink from `old_size` to `new_size` moves to a new block
-/// rather than `MKL_realloc`ing in place, which keeps the whole old block
-/// (MKL counts and holds all of it until it is freed).
+/// rather than staying in place, which keeps the whole old block (MKL
+/// counts and holds all of it until it is freed).
 ///
 /// Measured with oneMKL 2026.2 on the 2-core AMD EPYC machine (`cargo run
 /// --release --example shrink_threshold`: filled blocks, medians of 5
@@ -288,16 +390,17 @@ pub(crate) fn shrink_moves(old_size: usize, new_size: usize) -> bool {
 }
 
 /// A shrink that gives memory back: a fresh block of `new_size` bytes, the
-/// first `new_size` bytes copied into it, the old block freed. Null if MKL
-/// has no fresh block, the old block then untouched.
+/// first `new_size` bytes copied into it, the old block (of `held` bytes)
+/// freed. Null if MKL has no fresh block, the old block then untouched.
 ///
 /// # Safety
-/// `ptr` is a live MKL block of `old_size > new_size` bytes, allocated with
-/// an alignment of at least `align` (a power of two); `new_size > 0`.
+/// `ptr` is a live MKL block of `held > new_size` bytes, no longer recorded
+/// as shrunk, allocated with an alignment of at least `align` (a power of
+/// two); `new_size > 0`.
 #[cold]
 #[inline(never)]
-unsafe fn shrink_moved(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
-    debug_assert!(0 < new_size && new_size < old_size);
+unsafe fn shrink_moved(ptr: *mut u8, held: usize, new_size: usize, align: usize) -> *mut u8 {
+    debug_assert!(0 < new_size && new_size < held);
     // SAFETY: new_size > 0 and align is a power of two (caller's contract).
     let fresh = unsafe { raw_alloc(new_size, align) };
     if !fresh.is_null() {
@@ -305,22 +408,25 @@ unsafe fn shrink_moved(ptr: *mut u8, old_size: usize, new_size: usize, align: us
         // new_size bytes; the old one is freed once and not used again.
         unsafe {
             ptr::copy_nonoverlapping(ptr, fresh, new_size);
-            raw_free(ptr, old_size);
+            raw_free(ptr, held);
         }
     }
     fresh
 }
 
-/// Moves a misaligned block returned by `MKL_realloc` into an aligned one.
-/// The caller's old pointer is already gone, so failing here cannot be
-/// reported as "old block intact": the process aborts instead (never observed).
+/// Moves a block that `MKL_realloc` returned below 64-byte alignment into
+/// an aligned one. MKL keeps the alignment it recorded, and every block
+/// reaching `MKL_realloc` was asked of MKL at 64 or more, so this would
+/// take MKL breaking its own contract (never observed). The caller's old
+/// pointer is already gone then, so a failure here cannot be reported as
+/// "old block intact": the process aborts.
 #[cold]
 #[inline(never)]
-unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mut u8 {
-    // SAFETY: size > 0 and align is a power of two ≥ 64.
-    let fresh = unsafe { raw_alloc(size, align) };
+unsafe fn realign(block: *mut u8, keep: usize, size: usize) -> *mut u8 {
+    // SAFETY: size > 0 and 64 is a power of two.
+    let fresh = unsafe { raw_alloc(size, MIN_ALIGN) };
     if fresh.is_null() {
-        const MSG: &[u8] = b"mkl-alloc: MKL_realloc returned a misaligned block and no aligned block could replace it\n";
+        const MSG: &[u8] = b"mkl-alloc: MKL_realloc returned a block below 64-byte alignment and no aligned block could replace it\n";
         // SAFETY: writes a static buffer to stderr; no allocation.
         unsafe { libc::write(2, MSG.as_ptr().cast::<c_void>(), MSG.len()) };
         std::process::abort();
@@ -498,10 +604,10 @@ pub(crate) unsafe fn api_grow<B: Blocks>(
     )?;
     if zeroed {
         // SAFETY: the block holds new.size() >= old.size() bytes; only the
-        // tail beyond the old contents is zeroed.
+        // tail beyond the old contents is zeroed (lazily where large).
         unsafe {
             let tail = grown.cast::<u8>().as_ptr().add(old.size());
-            tail.write_bytes(0, new.size() - old.size());
+            zeroing::zero(tail, new.size() - old.size());
         }
     }
     Ok(grown)

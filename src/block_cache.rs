@@ -42,20 +42,33 @@
 //! The budget counter is one atomic word (see [`Cache`]'s fields); a loom
 //! model (`loom_tests/block_cache.rs`) checks it against the shards.
 //!
-//! **Off by default**, like [`huge_pages`](crate::huge_pages): a program's
-//! freed memory stays with it for up to [`DECAY_MS`] (or until the next
-//! large allocation after that), which a library should not choose for its
-//! users. The README's performance section gives the figures. Turn it on
-//! with [`enable`] or the environment variable `MKL_ALLOC_BLOCK_CACHE`:
+//! **On by default**, as MKL's own fast memory manager keeps freed buffers
+//! and jemalloc and mimalloc retain and decay theirs: with no configuration
+//! a numerical program's big temporaries and growing buffers are not
+//! faulted in again and again (docs/performance.md has the figures). The
+//! budget bounds what is kept, and decay gives it back: at the next large
+//! allocation or free, or, for a program that carries on with small
+//! blocks only, at one of its small frees (every thread checks the clock
+//! once per [`TICKS`] small frees, and only while the cache holds blocks),
+//! so an idle cache empties within a few decay periods. Memory the program
+//! holds is [`manager::stats`](crate::manager::stats)`().live_bytes()`:
+//! MKL's count less the cached bytes. Turn it off with [`disable`] or the
+//! environment variable `MKL_ALLOC_BLOCK_CACHE`:
 //!
 //! | `MKL_ALLOC_BLOCK_CACHE` | Cache |
 //! |---|---|
-//! | unset, empty, `off` or `0` | off: every free goes to MKL at once |
-//! | `on` | on, with a budget of [`default_budget`]`()`: an eighth of physical memory |
+//! | unset, empty or `on` | on (the default), with a budget of [`default_budget`]`()`: an eighth of physical memory |
+//! | `off` or `0` | off: every free goes to MKL at once |
 //! | a byte count (decimal digits) | on, with that budget |
 //!
-//! Read once, at the first large allocation or free (or the first call of
-//! [`budget`]), with libc's `getenv`; [`enable`] and [`disable`] override it.
+//! Read once, at the first allocation (or the first call of [`budget`]),
+//! with libc's `getenv`; any other value keeps the default, with one line
+//! on stderr. [`enable`] and [`disable`] override it.
+//!
+//! **Fork.** The shards' locks are taken by a `pthread_atfork` handler
+//! before a `fork` and released after it in both processes, and the child
+//! recounts the budget word, so a child forked from any thread while others
+//! allocate finds a consistent cache (see the crate's `process` module).
 //!
 //! ```
 //! use allocator_api2::vec::Vec;
@@ -117,13 +130,18 @@ pub fn default_budget() -> usize {
 /// ten seconds).
 pub const DECAY_MS: usize = 1000;
 
+/// A thread checks whether cached blocks are due to decay once per this
+/// many of its small frees (a countdown in a thread-local word; the clock
+/// is read only then, and only while the cache holds blocks).
+pub const TICKS: u32 = 1024;
+
 pub(crate) mod shards;
 
 #[cfg(not(loom))]
-pub use process::*;
+pub use instance::*;
 
 #[cfg(not(loom))]
-mod process {
+mod instance {
     use core::ffi::CStr;
 
     use super::shards::Cache;
@@ -169,7 +187,10 @@ mod process {
     /// ```
     pub fn disable() {
         POLICY.set(OFF);
-        CACHE.drain(free_to_mkl);
+        // A budget of 0, and a drain after it: a free racing this call
+        // either is drained or sees the budget and keeps nothing (see
+        // `Cache::set_budget`).
+        CACHE.set_budget(0, free_to_mkl);
     }
 
     /// The budget while the cache is on, `None` while it is off. Reads
@@ -265,7 +286,7 @@ mod process {
     /// the budget it asks for.
     fn read_env() -> usize {
         const WARNING: &[u8] =
-            b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count; the cache stays off\n";
+            b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count; the cache keeps its default (on)\n";
         match crate::env::read(ENV, default_budget(), WARNING) {
             Some(budget) => {
                 CACHE.set_budget(budget, free_to_mkl);
@@ -280,6 +301,46 @@ mod process {
     pub(crate) fn take(size: usize, align: usize) -> *mut u8 {
         CACHE.decay(now_ms(), free_to_mkl);
         CACHE.take(size, align)
+    }
+
+    /// Counts one small free of this thread; every [`TICKS`](super::TICKS)th
+    /// checks the cache's decay (a thread-local countdown: no shared write,
+    /// no clock read on the way).
+    #[inline(always)]
+    pub(crate) fn tick() {
+        use core::cell::Cell;
+        thread_local! {
+            static COUNTDOWN: Cell<u32> = const { Cell::new(super::TICKS) };
+        }
+        COUNTDOWN.with(|c| match c.get() {
+            0 => {
+                c.set(super::TICKS);
+                idle_decay();
+            }
+            n => c.set(n - 1),
+        });
+    }
+
+    /// Decays the cache if it holds anything (the small path's check).
+    #[cold]
+    #[inline(never)]
+    fn idle_decay() {
+        if CACHE.bytes() != 0 {
+            CACHE.decay(now_ms(), free_to_mkl);
+        }
+    }
+
+    /// `pthread_atfork`'s prepare handler: holds every shard's lock.
+    pub(crate) fn lock_for_fork() {
+        CACHE.lock_for_fork();
+    }
+
+    /// The parent's and the child's handler (`child`: recount the budget
+    /// word first), releasing what [`lock_for_fork`] took.
+    pub(crate) fn unlock_after_fork(child: bool) {
+        // SAFETY: called by the fork handlers, in the thread that ran
+        // lock_for_fork (or its copy in the child), once after it.
+        unsafe { CACHE.unlock_after_fork(child) }
     }
 
     /// Offers a freed block to the cache; `false`: not kept, the caller
@@ -299,7 +360,7 @@ mod process {
 /// Under loom the allocation path has no cache (loom models the shards
 /// directly, in `loom_tests/block_cache.rs`).
 #[cfg(loom)]
-mod process {
+mod instance {
     #[inline(always)]
     pub(crate) fn covers(_size: usize) -> bool {
         false
@@ -314,6 +375,8 @@ mod process {
         (0, 0)
     }
     pub(crate) fn empty() {}
+    #[inline(always)]
+    pub(crate) fn tick() {}
 }
 #[cfg(loom)]
-pub(crate) use process::*;
+pub(crate) use instance::*;

@@ -69,7 +69,7 @@ pub const BIN_SLOTS: usize = 8;
 
 /// A [`CHeap`] with huge pages on advises its blocks of at least this many
 /// bytes (NumPy's threshold for its own `madvise(MADV_HUGEPAGE)`).
-pub const HUGE_PAGE_THRESHOLD: usize = 4 << 20;
+pub const HUGE_PAGE_THRESHOLD: usize = crate::huge_pages::DEFAULT_THRESHOLD;
 
 /// Size classes of the bins: 64, 128, ..., [`SMALL_MAX`] bytes.
 const CLASSES: usize = SMALL_MAX / MIN_ALIGN;
@@ -256,11 +256,10 @@ impl CHeap {
         let Some(total) = total_size(cap, self.align) else {
             return ptr::null_mut();
         };
-        let advise = self.advises(total);
         // SAFETY: total > 0; the alignment is a power of two ≤ MAX_ALIGN.
         let block = unsafe {
-            if advise {
-                raw_alloc_advised(total, self.align)
+            if self.advises(total) {
+                raw_alloc_advised(total, self.align, zeroed)
             } else if zeroed {
                 raw_alloc_zeroed(total, self.align)
             } else {
@@ -270,13 +269,9 @@ impl CHeap {
         if block.is_null() {
             return block;
         }
-        // SAFETY: `block` is an MKL block of `total` bytes (advised before
-        // its first touch where `advise`): zeroing by hand where MKL_calloc
-        // was not used, then the header inside it.
+        // SAFETY: `block` is an MKL block of `total` bytes (zeroed if asked):
+        // the header goes inside it, in front of the data.
         unsafe {
-            if advise && zeroed {
-                block.write_bytes(0, total);
-            }
             let data = block.add(self.align);
             write_header(data, cap, self.tag());
             data

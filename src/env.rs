@@ -1,20 +1,20 @@
 //! Size policies read from the environment (`MKL_ALLOC_HUGE_PAGES`,
-//! `MKL_ALLOC_BLOCK_CACHE`): `off`, `on` or a byte count, read once with
-//! libc's `getenv`. The readers run inside the global allocator, so nothing
+//! `MKL_ALLOC_BLOCK_CACHE`): unset (the default), `off`, `on` or a byte
+//! count, read once with libc's `getenv`. The readers run inside the global allocator, so nothing
 //! here allocates: a byte parser, and a raw `write(2)` for the warning.
 
 use core::ffi::{CStr, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// Parses a policy value: `Ok(None)` for off (unset, empty, `off`, `0`),
-/// `Ok(Some(on))` for `on` (any case), `Ok(Some(n))` for a decimal byte
-/// count `n > 0`, `Err(())` for anything else.
+/// Parses a policy value: `Ok(None)` for off (`off`, `0`), `Ok(Some(on))`
+/// for `on` (any case) and for an empty value, `Ok(Some(n))` for a decimal
+/// byte count `n > 0`, `Err(())` for anything else.
 pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
-    if v.is_empty() || v.eq_ignore_ascii_case(b"off") {
-        return Ok(None);
-    }
-    if v.eq_ignore_ascii_case(b"on") {
+    if v.is_empty() || v.eq_ignore_ascii_case(b"on") {
         return Ok(Some(on));
+    }
+    if v.eq_ignore_ascii_case(b"off") {
+        return Ok(None);
     }
     let mut n: usize = 0;
     for &c in v {
@@ -29,8 +29,9 @@ pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
     Ok(if n == 0 { None } else { Some(n) })
 }
 
-/// Reads and parses the variable `name`; an unparsable value counts as off,
-/// with `warning` written to stderr.
+/// Reads and parses the variable `name`: unset or empty is the default,
+/// `on`; an unparsable value also keeps the default, with `warning` written
+/// to stderr (a typo should not cost a program its defaults).
 pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
     // SAFETY: `name` is NUL-terminated; getenv returns null or a pointer to
     // a NUL-terminated string in the environment, parsed below before this
@@ -49,7 +50,7 @@ pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
     parse(value, on).unwrap_or_else(|()| {
         // SAFETY: writes a caller's buffer to stderr; no allocation.
         unsafe { libc::write(2, warning.as_ptr().cast::<c_void>(), warning.len()) };
-        None
+        Some(on)
     })
 }
 
@@ -118,7 +119,7 @@ mod tests {
     #[test]
     fn values() {
         const ON: usize = 2 << 20;
-        assert_eq!(parse(b"", ON), Ok(None));
+        assert_eq!(parse(b"", ON), Ok(Some(ON)));
         assert_eq!(parse(b"off", ON), Ok(None));
         assert_eq!(parse(b"OFF", ON), Ok(None));
         assert_eq!(parse(b"0", ON), Ok(None));

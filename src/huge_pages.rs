@@ -1,4 +1,4 @@
-//! Transparent huge pages for large MKL blocks: an opt-in policy.
+//! Transparent huge pages for large MKL blocks: on by default from 4 MiB.
 //!
 //! For a big numeric buffer the allocator's cost is page faults, not
 //! bookkeeping: first touching 512 MiB takes 131 073 faults on 4 KiB pages and
@@ -6,33 +6,33 @@
 //! threshold that [`MklAllocator`](crate::MklAllocator),
 //! [`MklSplitAllocator`](crate::MklSplitAllocator) or
 //! [`SharedMklVec`](crate::SharedMklVec) allocates, zero-allocates or grows
-//! has its 2 MiB-aligned interior advised with `madvise(MADV_HUGEPAGE)`, and a
-//! growing block is moved by allocate + advise + copy + free (instead of
-//! `MKL_realloc`, which copies into fresh unadvised memory), so the copy
-//! itself lands on huge pages. No extra alignment is forced on the caller;
-//! blocks below the threshold, and shrinks, are untouched.
+//! is asked of MKL at a 2 MiB boundary and has its 2 MiB-aligned interior
+//! advised with `madvise(MADV_HUGEPAGE)`, and a growing block is moved by
+//! allocate + advise + copy + free (instead of `MKL_realloc`, which copies
+//! into fresh unadvised memory), so the copy itself lands on huge pages.
+//! Blocks below the threshold, and shrinks, are untouched.
 //!
-//! **Off by default.** The first huge pages of a process, or huge pages that
-//! come from memory the machine has not used recently, can cost more than
-//! they save: up to 4x slower first touch, single stalls over a second
-//! (4.5 s for a first 1 GiB block on the development VM, most likely because
-//! its host takes freed memory back; on bare metal, direct compaction under
-//! `defrag=madvise` plays that role). The README's performance section has
-//! the measurements behind this choice. Turn it on with [`enable`] or the
-//! environment variable
-//! `MKL_ALLOC_HUGE_PAGES`:
+//! **On by default** for blocks of [`DEFAULT_THRESHOLD`] (4 MiB) and more,
+//! the threshold at which NumPy's own allocator advises its blocks: with
+//! the block cache (also on by default) a reused block keeps its huge
+//! pages, and a large buffer is faulted in 2 MiB at a time. The price: a
+//! touched huge page commits 2 MiB at once (a sparse touch of a large
+//! buffer costs more resident memory than on 4 KiB pages, as under NumPy's
+//! allocator), and on a machine whose memory is fragmented the first huge
+//! pages can stall (docs/tuning.md has the measurements). Turn it off with
+//! [`disable`] or the environment variable `MKL_ALLOC_HUGE_PAGES`:
 //!
 //! | `MKL_ALLOC_HUGE_PAGES` | Policy |
 //! |---|---|
-//! | unset, empty, `off` or `0` | off: exactly the MKL calls of a build without this module |
-//! | `on` | blocks of at least 2 MiB ([`HUGE_PAGE_SIZE`]) |
+//! | unset, empty or `on` | blocks of at least 4 MiB ([`DEFAULT_THRESHOLD`]), the default |
+//! | `off` or `0` | off: exactly the MKL calls of a build without this module |
 //! | a byte count (decimal digits), e.g. `67108864` | blocks of at least that many bytes |
 //!
 //! The variable is read once, at the first allocation that needs the policy
 //! (or the first call of [`threshold`]), with libc's `getenv` (the global
 //! allocator must not allocate to ask); [`enable`] and [`disable`] override
-//! it at any time. Any other value is ignored (the policy stays off) with one
-//! line on stderr.
+//! it at any time. Any other value keeps the default, with one line on
+//! stderr.
 //!
 //! Where THP is `never`, or the kernel refuses the advice, nothing fails: the
 //! advice is ignored and [`status`] says so. (Under `never` the kernel still
@@ -63,6 +63,10 @@ use crate::env::SizePolicy;
 /// advised, and the threshold `MKL_ALLOC_HUGE_PAGES=on` sets.
 pub const HUGE_PAGE_SIZE: usize = 2 << 20;
 
+/// The threshold the policy has by default and with `MKL_ALLOC_HUGE_PAGES=on`
+/// (4 MiB, NumPy's threshold for its own `madvise(MADV_HUGEPAGE)`).
+pub const DEFAULT_THRESHOLD: usize = 4 << 20;
+
 /// The threshold, `OFF` while the policy is off (see `SizePolicy`).
 static POLICY: SizePolicy = SizePolicy::new();
 const OFF: usize = SizePolicy::OFF;
@@ -90,6 +94,7 @@ pub fn enable(min_bytes: usize) {
     // OFF is no threshold at all: usize::MAX - 1 selects the same blocks
     // (none has size usize::MAX), and 0 is stored as 1 (every block).
     POLICY.set(min_bytes.min(OFF - 1));
+    crate::process::refresh();
 }
 
 /// Turns the policy off: from now on every MKL block is allocated, grown
@@ -104,6 +109,7 @@ pub fn enable(min_bytes: usize) {
 /// ```
 pub fn disable() {
     POLICY.set(OFF);
+    crate::process::refresh();
 }
 
 /// The threshold in force: `Some(min_bytes)` while the policy is on, `None`
@@ -211,8 +217,8 @@ pub fn status() -> Status {
 /// Reads `MKL_ALLOC_HUGE_PAGES` (once, without allocating: see `env`).
 fn read_env() -> usize {
     const WARNING: &[u8] =
-        b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages stay off\n";
-    match crate::env::read(ENV, HUGE_PAGE_SIZE, WARNING) {
+        b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages keep their default (4 MiB)\n";
+    match crate::env::read(ENV, DEFAULT_THRESHOLD, WARNING) {
         Some(t) => t.min(OFF - 1),
         None => OFF,
     }

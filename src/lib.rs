@@ -69,9 +69,12 @@ mod env;
 pub mod ffi;
 pub mod huge_pages;
 pub mod manager;
+mod process;
 mod shared_vec;
+mod shrunk;
 mod split;
 mod sync;
+mod zeroing;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 #[cfg(loom)]

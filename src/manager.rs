@@ -27,7 +27,10 @@ pub struct MemStats {
 }
 
 impl MemStats {
-    /// Bytes in blocks that are in use: `bytes - cached_bytes`.
+    /// Bytes in blocks that are in use: `bytes - cached_bytes`. This is
+    /// "memory the program holds": with the block cache on (the default),
+    /// `bytes` also counts freed blocks kept for reuse, which the cache
+    /// gives back on its own (decay) or at [`free_buffers`].
     ///
     /// ```
     /// let s = mkl_alloc::manager::stats();
@@ -208,6 +211,29 @@ pub fn disable_fast_mm() -> bool {
 }
 
 /// Set once a call of [`disable_fast_mm`] was answered with 1.
+/// Sets up the crate's process-wide state now instead of at the first
+/// allocation: reads `MKL_ALLOC_BLOCK_CACHE` and `MKL_ALLOC_HUGE_PAGES`,
+/// registers the `fork` handlers that keep the block cache consistent in a
+/// child, and, in `mkl-rt` builds, calls each MKL entry point the crate
+/// uses once, so that libmkl_rt has resolved them (it resolves an entry at
+/// its first call under an internal spin lock; a child forked while another
+/// thread held it would hang at its first MKL call). Idempotent and cheap
+/// after the first call.
+///
+/// A program that uses the crate's allocators from its first allocation
+/// on (a `#[global_allocator]`) needs no call; one that forks from threads
+/// and meets MKL memory later (a Python extension, a plugin) calls it
+/// early, before it starts threads: the Python package calls it at import.
+///
+/// ```
+/// mkl_alloc::manager::init();
+/// // A child forked from here on, from any thread, finds every MKL entry
+/// // resolved and every lock of the allocation path free.
+/// ```
+pub fn init() {
+    crate::process::setup();
+}
+
 static DISABLED_HERE: AtomicBool = AtomicBool::new(false);
 
 /// Whether MKL's fast memory manager is known to be off in this process:

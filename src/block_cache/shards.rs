@@ -55,15 +55,35 @@ struct Slots([Entry; SLOTS]);
 // slots is what shares them.
 unsafe impl Send for Slots {}
 
-/// One size class's blocks, on its own cache lines.
+/// One size class's blocks, on its own cache lines; outside loom, also the
+/// place where the fork handlers keep the shard's guard from before a
+/// `fork` to after it (see [`Cache::lock_for_fork`]).
 #[repr(align(128))]
-struct Shard(Mutex<Slots>);
+struct Shard {
+    slots: Mutex<Slots>,
+    #[cfg(not(loom))]
+    fork_guard: core::cell::UnsafeCell<Option<crate::sync::MutexGuard<'static, Slots>>>,
+}
+
+// SAFETY: `slots` is a mutex; `fork_guard` is read and written only by the
+// thread that holds that mutex (the forking thread, between the prepare and
+// the parent or child handler), so it is never accessed concurrently.
+#[cfg(not(loom))]
+unsafe impl Sync for Shard {}
 
 impl Shard {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        Shard {
+            slots: Mutex::new(Slots([Entry::EMPTY; SLOTS])),
+            fork_guard: core::cell::UnsafeCell::new(None),
+        }
+    }
+
     fn lock(&self) -> crate::sync::MutexGuard<'_, Slots> {
         // Nothing panics while a shard is locked (comparisons and copies):
         // a poisoned lock still holds consistent slots.
-        self.0
+        self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -97,7 +117,7 @@ impl Cache {
     #[cfg(not(loom))]
     pub(crate) const fn new() -> Self {
         Cache {
-            shards: [const { Shard(Mutex::new(Slots([Entry::EMPTY; SLOTS]))) }; SHARDS],
+            shards: [const { Shard::new() }; SHARDS],
             bytes: AtomicUsize::new(0),
             budget: AtomicUsize::new(0),
             next_sweep: AtomicUsize::new(0),
@@ -109,7 +129,9 @@ impl Cache {
     #[cfg(loom)]
     pub fn with_budget(budget: usize) -> Self {
         Cache {
-            shards: core::array::from_fn(|_| Shard(Mutex::new(Slots([Entry::EMPTY; SLOTS])))),
+            shards: core::array::from_fn(|_| Shard {
+                slots: Mutex::new(Slots([Entry::EMPTY; SLOTS])),
+            }),
             bytes: AtomicUsize::new(0),
             budget: AtomicUsize::new(budget),
             next_sweep: AtomicUsize::new(0),
@@ -177,6 +199,14 @@ impl Cache {
             since: now,
         };
         let mut slots = self.shards[class(size)].lock();
+        // Checked under the lock: a budget lowered (or set to 0 by
+        // `disable`) before a drain visits this shard is seen here, so no
+        // block enters after the drain (see `set_budget`).
+        if self.bytes.load(Relaxed) > self.budget.load(Relaxed) {
+            drop(slots);
+            self.bytes.fetch_sub(size, Relaxed);
+            return false;
+        }
         // An empty slot, else the one cached longest ago.
         let mut victim = 0;
         for (i, e) in slots.0.iter().enumerate() {
@@ -240,10 +270,20 @@ impl Cache {
         }
     }
 
-    /// Sets the budget; if the cache holds more, it is emptied into `free`.
+    /// Sets the budget; if it is lower than before, or the cache holds
+    /// more, the cache is emptied into `free`.
+    ///
+    /// Why the drain leaves no straggler: a `give` checks the budget under
+    /// its shard's lock. If it takes that lock after the drain has visited
+    /// the shard, the drain's unlock happens-before its lock, and the new
+    /// budget (stored before the drain) is what it reads: it refuses, its
+    /// reservation being over the budget. If it takes the lock first, the
+    /// drain finds its block. A budget only lowered without a drain could
+    /// be missed by a give that read the old one (hence the drain whenever
+    /// the budget goes down, even with `bytes` reading 0).
     pub fn set_budget(&self, budget: usize, free: impl FnMut(*mut u8, usize)) {
-        self.budget.store(budget, Relaxed);
-        if self.bytes.load(Relaxed) > budget {
+        let old = self.budget.swap(budget, Relaxed);
+        if budget < old || self.bytes.load(Relaxed) > budget {
             self.drain(free);
         }
     }
@@ -267,6 +307,46 @@ impl Cache {
     /// Bytes reserved by cached blocks.
     pub fn bytes(&self) -> usize {
         self.bytes.load(Relaxed)
+    }
+
+    /// Takes every shard's lock, in index order, and keeps the guards in
+    /// the shards: `pthread_atfork`'s prepare handler, so that no other
+    /// thread is inside a shard when the process forks. Nothing else holds
+    /// two shard locks at once, so the fixed order cannot deadlock.
+    #[cfg(not(loom))]
+    pub(crate) fn lock_for_fork(&'static self) {
+        for shard in &self.shards {
+            let guard = shard.lock();
+            // SAFETY: this thread holds the shard's lock (see `Shard`'s Sync).
+            unsafe { *shard.fork_guard.get() = Some(guard) };
+        }
+    }
+
+    /// Releases what [`lock_for_fork`](Self::lock_for_fork) took. In the
+    /// child (`recount`), first sets the budget word to the bytes really in
+    /// the shards: a thread that had reserved bytes for a block, or taken a
+    /// block and not yet released its bytes, does not exist in the child.
+    ///
+    /// # Safety
+    /// Called by the thread that called `lock_for_fork` (or, in the child,
+    /// its copy), once after it.
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn unlock_after_fork(&'static self, recount: bool) {
+        if recount {
+            let mut bytes = 0;
+            for shard in &self.shards {
+                // SAFETY: this thread holds every shard's lock, its guard
+                // kept in the shard (the caller's contract).
+                if let Some(slots) = unsafe { &*shard.fork_guard.get() } {
+                    bytes += slots.0.iter().map(|e| e.size).sum::<usize>();
+                }
+            }
+            self.bytes.store(bytes, Relaxed);
+        }
+        for shard in &self.shards {
+            // SAFETY: as above; the guard leaves the shard and unlocks it.
+            drop(unsafe { (*shard.fork_guard.get()).take() });
+        }
     }
 
     /// Bytes and blocks in the shards right now (each shard locked in turn).

@@ -1,0 +1,144 @@
+//! Process-wide state of the allocation path: the one word every call
+//! reads, the setup that runs once (at the first allocation, or at
+//! [`manager::init`](crate::manager::init)), and the `fork` handlers.
+//!
+//! **The word.** Every allocation, free and resize compares its size with
+//! one relaxed word, [`SLOW`]: below it (small blocks, the common case) the
+//! call goes straight to MKL; at or above it the policies are consulted
+//! (the block cache, huge pages, lazy zeroing, the record of blocks shrunk
+//! in place). The word is 0 until the setup has run, so the first call of
+//! the process takes the slow path and runs it; after that it is
+//! `min(block_cache::MIN_BLOCK, huge-page threshold)`: never above 1 MiB,
+//! because every block of 1 MiB or more must pass the slow path whatever
+//! the policies say (a block shrunk in place is recorded there, and its
+//! record must be dropped when it is freed).
+//!
+//! **Fork.** A child process has one thread, the copy of the one that
+//! called `fork`; a lock that another thread held at that moment would stay
+//! locked in the child forever. The block cache's shard locks are the only
+//! locks on the allocation path (the c_heap bins and the shrink records are
+//! lock-free), so the setup registers `pthread_atfork` handlers that take
+//! every shard lock, in one fixed order, before the fork, and release them
+//! after it in both processes; the child also recounts the cache's budget
+//! word from the shards, since a thread that had reserved bytes but not yet
+//! cached its block does not exist in the child. In `mkl-rt` builds the
+//! setup also calls each MKL entry point the crate uses once: libmkl_rt
+//! resolves an entry at its first call under an internal spin lock, and a
+//! child forked while another thread held that lock hangs at its first MKL
+//! call.
+
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+use crate::{block_cache, huge_pages};
+
+/// Sizes at or above this take the slow path (0 until the setup has run).
+static SLOW: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the setup has run (policy changes then refresh [`SLOW`]).
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// Whether a call for `size` bytes must consult the policies: one relaxed
+/// load and a comparison.
+#[inline(always)]
+pub(crate) fn slow(size: usize) -> bool {
+    size >= SLOW.load(Relaxed)
+}
+
+/// Runs the setup if it has not run (the first slow call of the process).
+#[inline(always)]
+pub(crate) fn ensure_ready() {
+    if !READY.load(Relaxed) {
+        setup();
+    }
+}
+
+/// The word's value for the policies in force.
+fn threshold() -> usize {
+    block_cache::MIN_BLOCK.min(huge_pages::threshold().unwrap_or(usize::MAX))
+}
+
+/// Recomputes the word after a policy change (before the setup, the setup
+/// computes it).
+pub(crate) fn refresh() {
+    if READY.load(Relaxed) {
+        SLOW.store(threshold(), Relaxed);
+    }
+}
+
+/// Reads the environment's policies, registers the fork handlers (once)
+/// and, in `mkl-rt` builds, resolves MKL's entry points. Racing first calls
+/// may both run it: each step is idempotent, and the registration is
+/// guarded.
+#[cold]
+#[inline(never)]
+pub(crate) fn setup() {
+    // Each reads its variable if nothing set the policy yet.
+    let _ = block_cache::budget();
+    let _ = huge_pages::threshold();
+    register_fork_handlers();
+    #[cfg(all(feature = "mkl-rt", not(miri)))]
+    resolve_mkl_entries();
+    READY.store(true, Relaxed);
+    SLOW.store(threshold(), Relaxed);
+}
+
+fn register_fork_handlers() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    #[cfg(not(any(loom, miri)))]
+    if !REGISTERED.swap(true, Relaxed) {
+        // SAFETY: three `extern "C" fn()` with no preconditions, which
+        // neither allocate nor fork; glibc keeps them for the process's life.
+        unsafe {
+            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(in_child));
+        }
+    }
+    #[cfg(any(loom, miri))]
+    REGISTERED.store(true, Relaxed);
+}
+
+/// `pthread_atfork`'s prepare handler: hold every lock of the allocation path.
+#[cfg(not(any(loom, miri)))]
+extern "C" fn before_fork() {
+    block_cache::lock_for_fork();
+}
+
+/// The parent's handler: release what `before_fork` took.
+#[cfg(not(any(loom, miri)))]
+extern "C" fn after_fork() {
+    block_cache::unlock_after_fork(false);
+}
+
+/// The child's handler: make the cache consistent, then release it.
+#[cfg(not(any(loom, miri)))]
+extern "C" fn in_child() {
+    block_cache::unlock_after_fork(true);
+}
+
+/// Calls each MKL entry point the crate uses, once, so that libmkl_rt has
+/// resolved them all before user code can fork (see the module docs).
+/// `MKL_Disable_Fast_MM` and `MKL_Set_Memory_Limit` change MKL's state and
+/// are left to their first real call.
+#[cfg(all(feature = "mkl-rt", not(miri)))]
+fn resolve_mkl_entries() {
+    use crate::ffi;
+    // SAFETY: a block is allocated, resized and freed once; the zeroed one
+    // is freed once; the queries take valid pointers or plain values
+    // (MKL_PEAK_MEM only reads the peak); freeing MKL's buffers releases
+    // only cached, unused ones.
+    unsafe {
+        let p = ffi::MKL_malloc(64, 64);
+        if !p.is_null() {
+            let q = ffi::MKL_realloc(p, 128);
+            ffi::MKL_free(if q.is_null() { p } else { q });
+        }
+        let z = ffi::MKL_calloc(1, 64, 64);
+        if !z.is_null() {
+            ffi::MKL_free(z);
+        }
+        let mut n = 0;
+        ffi::MKL_Mem_Stat(&mut n);
+        ffi::MKL_Peak_Mem_Usage(ffi::MKL_PEAK_MEM);
+        ffi::MKL_Thread_Free_Buffers();
+        ffi::MKL_Free_Buffers();
+    }
+}
