@@ -132,12 +132,18 @@ fn mkl_calloc(size: usize, align: usize) -> *mut u8 {
 #[inline(never)]
 unsafe fn alloc_slow(size: usize, align: usize, advise: bool, zeroed: bool) -> *mut u8 {
     process::ensure_ready();
+    let advise = advise || huge_pages::applies(size);
     let mut p = ptr::null_mut();
     if block_cache::covers(size) {
         p = block_cache::take(size, mkl_block_align(align));
+        if advise && !p.is_null() {
+            // The block may have been cached while the policy was off (or
+            // below its threshold): advising again costs one system call.
+            // SAFETY: p is a block of at least `size` bytes that we own.
+            unsafe { huge_pages::advise(p, size) };
+        }
     }
     if p.is_null() {
-        let advise = advise || huge_pages::applies(size);
         if zeroed && !advise && size < LAZY_ZERO_MIN {
             return mkl_calloc(size, align);
         }

@@ -285,9 +285,20 @@ fn cached_blocks_keep_their_huge_page_advice() {
     free(p, 8 * MIB, 64);
     let q = block(8 * MIB, 64, 2);
     assert_eq!(q, p);
-    // Reuse advises nothing again: the range keeps the advice it had.
-    assert_eq!(huge_pages::advised_bytes() - advised, first);
+    // Reuse advises the block again (one system call; the range keeps the
+    // advice it had), so that a block cached while the policy was off
+    // gets it too.
+    assert_eq!(huge_pages::advised_bytes() - advised, 2 * first);
     free(q, 8 * MIB, 64);
+    huge_pages::disable();
+    let r = block(8 * MIB, 64, 3);
+    free(r, 8 * MIB, 64);
+    huge_pages::enable(huge_pages::HUGE_PAGE_SIZE);
+    let before = huge_pages::advised_bytes();
+    let s = block(8 * MIB, 64, 4);
+    assert_eq!(s, r, "the block cached while the policy was off");
+    assert!(huge_pages::advised_bytes() - before >= (6 * MIB) as u64);
+    free(s, 8 * MIB, 64);
     huge_pages::disable();
     block_cache::disable();
 }
@@ -339,11 +350,14 @@ fn run_child(value: Option<&str>, expect: &str) {
 #[cfg_attr(miri, ignore = "starts child processes")]
 fn the_environment_variable_sets_the_budget() {
     let _s = serial();
-    run_child(None, "off");
+    let default = block_cache::default_budget().to_string();
+    run_child(None, &default); // on by default
+    run_child(Some(""), &default);
     run_child(Some("off"), "off");
-    run_child(Some("on"), &block_cache::default_budget().to_string());
+    run_child(Some("0"), "off");
+    run_child(Some("on"), &default);
     run_child(Some("67108864"), "67108864");
-    run_child(Some("lots"), "off");
+    run_child(Some("lots"), &default); // a typo keeps the default
 }
 
 /// The child half of `the_environment_variable_sets_the_budget`.

@@ -180,16 +180,18 @@ fn run_child(value: Option<&str>, expect: Option<usize>) -> String {
 
 #[test]
 fn env_variable_is_read_once_per_process() {
-    let on = Some(HUGE_PAGE_SIZE);
-    assert!(!run_child(None, None).contains("MKL_ALLOC_HUGE_PAGES"));
-    run_child(Some(""), None);
+    let on = Some(huge_pages::DEFAULT_THRESHOLD);
+    // On by default, from 4 MiB.
+    assert!(!run_child(None, on).contains("MKL_ALLOC_HUGE_PAGES"));
+    run_child(Some(""), on);
     run_child(Some("off"), None);
     run_child(Some("0"), None);
     run_child(Some("on"), on);
     run_child(Some("ON"), on);
     run_child(Some("12582912"), Some(12 * MIB));
     for bad in ["2M", "yes", "-5"] {
-        let err = run_child(Some(bad), None);
+        // A typo keeps the default, with a warning.
+        let err = run_child(Some(bad), on);
         assert!(
             err.contains("MKL_ALLOC_HUGE_PAGES must be off, on or a byte count"),
             "no warning for {bad:?}: {err}"
@@ -365,6 +367,9 @@ fn grow_chain<A: GlobalAlloc + Allocator>(a: &A, align: usize) {
 fn growth_keeps_contents_and_alignment_with_the_policy_on() {
     let _g = serial();
     huge_pages::enable(HUGE_PAGE_SIZE);
+    // Blocks cached by earlier tests were advised already: start empty so
+    // that the chain allocates (and advises) fresh blocks too.
+    mkl_alloc::manager::free_buffers();
     let before = huge_pages::advised_bytes();
     for align in [8, 64, 4096, HUGE_PAGE_SIZE, 1 << 30] {
         grow_chain(&MklAllocator, align);
@@ -466,6 +471,10 @@ fn smaps_shows_huge_pages_for_advised_blocks() {
     }
     let _g = serial();
     huge_pages::enable(HUGE_PAGE_SIZE);
+    // A block cached by an earlier test keeps the 4 KiB pages it was
+    // faulted in with (advice changes how new pages are backed): start
+    // from fresh blocks.
+    mkl_alloc::manager::free_buffers();
     let size = 64 * MIB;
     let layout = Layout::from_size_align(size, 64).unwrap();
     // SAFETY: non-zero layouts; blocks freed below.

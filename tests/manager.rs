@@ -23,6 +23,10 @@ use mkl_alloc::{MklAllocator, manager};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
+    // This binary pins MKL's own counts block for block; the block cache
+    // (on by default) keeps freed large blocks, counted by MKL, so it is
+    // off here (tests/block_cache.rs covers it).
+    mkl_alloc::block_cache::disable();
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
