@@ -168,3 +168,51 @@ fn a_full_shard_evicts_its_oldest_block_once() {
         assert_eq!(c.bytes(), 0);
     });
 }
+
+/// `block_cache::disable()` is `set_budget(0)`: a free racing it is either
+/// drained or refused, never left behind in the cache (an independent
+/// review found such a straggler when the budget was not checked under the
+/// shard's lock: the give reserved under the old budget, the drain passed
+/// its shard, then the block went in).
+#[test]
+fn a_give_racing_a_disable_leaves_no_straggler() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(8 * MIB));
+        let c2 = c.clone();
+        let disabler = thread::spawn(move || {
+            let mut freed = Blocks::new();
+            c2.set_budget(0, |p, s| freed.push((p as usize, s)));
+            freed
+        });
+        let kept = c.give(fake(1), 2 * MIB, 0, |_, _| panic!("no eviction"));
+        let freed = disabler.join().unwrap();
+        // Nothing stays cached once both are done.
+        assert_eq!(leftovers(&c), Blocks::new(), "a straggler (kept: {kept})");
+        assert_eq!(c.bytes(), 0);
+        // The block is in exactly one place: freed by the drain, or refused
+        // (still the caller's).
+        assert_eq!(freed.len() + usize::from(!kept), 1);
+    });
+}
+
+/// Lowering the budget below what is reserved: the same rule.
+#[test]
+fn a_give_racing_a_lower_budget_stays_within_it() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(8 * MIB));
+        let c2 = c.clone();
+        let lowerer = thread::spawn(move || {
+            let mut freed = Blocks::new();
+            c2.set_budget(MIB, |p, s| freed.push((p as usize, s)));
+            freed
+        });
+        let kept = c.give(fake(1), 2 * MIB, 0, |_, _| panic!("no eviction"));
+        let freed = lowerer.join().unwrap();
+        assert!(
+            c.bytes() <= MIB,
+            "{} bytes kept under a 1 MiB budget",
+            c.bytes()
+        );
+        assert_eq!(freed.len() + usize::from(!kept) + leftovers(&c).len(), 1);
+    });
+}

@@ -64,12 +64,7 @@ impl Shrunk {
         for r in &self.records {
             if r.block.load(Ordering::Relaxed).is_null()
                 && r.block
-                    .compare_exchange(
-                        ptr::null_mut(),
-                        block,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
+                    .compare_exchange(ptr::null_mut(), block, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
                 r.size.store(true_size, Ordering::Relaxed);

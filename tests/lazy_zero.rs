@@ -1,0 +1,207 @@
+//! Zeroed memory that costs nothing until touched (issue 21): large zeroed
+//! blocks read as zero whether fresh, reused from the block cache (dirty) or
+//! on huge pages, partial first and last pages included; and an untouched
+//! zeroed block adds (almost) nothing to the resident set.
+
+use core::alloc::{GlobalAlloc, Layout};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+use allocator_api2::alloc::Allocator;
+#[cfg(feature = "bytemuck")]
+use mkl_alloc::SharedMklVec;
+use mkl_alloc::{MklAllocator, MklSplitAllocator, block_cache, c_heap, huge_pages};
+
+/// The whole binary on MKL, so that std's `vec![0.0; n]` (which asks for
+/// `alloc_zeroed`) is measured as a user writes it.
+#[global_allocator]
+static GLOBAL: MklAllocator = MklAllocator;
+
+const MIB: usize = 1 << 20;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every byte of `[p, p + n)` is zero (compared a chunk at a time).
+fn all_zero(p: *const u8, n: usize) -> bool {
+    // SAFETY: the caller's live block of at least n bytes.
+    let s = unsafe { std::slice::from_raw_parts(p, n) };
+    s.chunks(4096).all(|c| c.iter().all(|&b| b == 0))
+}
+
+/// Sizes with partial pages at the end, and alignments that leave the
+/// block's start inside a page (64) or on one (4096).
+const SIZES: [usize; 3] = [MIB, 3 * MIB + 123, 9 * MIB + 4095];
+const ALIGNS: [usize; 3] = [8, 64, 4096];
+
+/// Allocates zeroed, checks, dirties, frees (into the cache), and again:
+/// the second block is the same, dirty one, and must read as zero.
+fn fresh_then_reused(huge: bool) {
+    block_cache::enable(block_cache::default_budget());
+    if huge {
+        huge_pages::enable(huge_pages::HUGE_PAGE_SIZE);
+    } else {
+        huge_pages::disable();
+    }
+    mkl_alloc::manager::free_buffers();
+    for size in SIZES {
+        for align in ALIGNS {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            // SAFETY: non-zero layouts; each block is freed once with its layout.
+            unsafe {
+                let p = MklAllocator.alloc_zeroed(layout);
+                assert!(!p.is_null());
+                assert!(all_zero(p, size), "fresh {size} B at {align}, huge {huge}");
+                p.write_bytes(0xAB, size);
+                MklAllocator.dealloc(p, layout);
+                let q = MklAllocator.alloc_zeroed(layout);
+                assert_eq!(q, p, "the cached block is reused");
+                assert!(all_zero(q, size), "reused {size} B at {align}, huge {huge}");
+                q.write_bytes(0xCD, size);
+                MklAllocator.dealloc(q, layout);
+            }
+        }
+    }
+    mkl_alloc::manager::free_buffers();
+}
+
+#[test]
+fn zeroed_blocks_read_as_zero_fresh_and_reused() {
+    let _s = serial();
+    fresh_then_reused(false);
+}
+
+#[test]
+fn zeroed_blocks_read_as_zero_on_huge_pages() {
+    let _s = serial();
+    fresh_then_reused(true);
+    huge_pages::enable(huge_pages::DEFAULT_THRESHOLD);
+}
+
+#[test]
+fn every_zeroing_path_reads_as_zero_after_a_dirty_free() {
+    let _s = serial();
+    block_cache::enable(block_cache::default_budget());
+    let n = 5 * MIB + 100;
+    // Dirty a block of the size each path will ask for, and cache it.
+    let dirty = |size: usize| {
+        let l = Layout::from_size_align(size, 64).unwrap();
+        // SAFETY: a non-zero layout, freed once.
+        unsafe {
+            let p = MklAllocator.alloc(l);
+            assert!(!p.is_null());
+            p.write_bytes(0xEE, size);
+            MklAllocator.dealloc(p, l);
+        }
+    };
+    // allocator-api2's allocate_zeroed, on both allocators.
+    dirty(n);
+    let l = Layout::from_size_align(n, 64).unwrap();
+    let b = MklAllocator.allocate_zeroed(l).unwrap();
+    assert!(all_zero(b.cast::<u8>().as_ptr(), n));
+    // SAFETY: allocated above with `l`.
+    unsafe { MklAllocator.deallocate(b.cast(), l) };
+    dirty(n);
+    let split = MklSplitAllocator::<4096>;
+    let b = split.allocate_zeroed(l).unwrap();
+    assert!(all_zero(b.cast::<u8>().as_ptr(), n));
+    // SAFETY: allocated above with `l`.
+    unsafe { split.deallocate(b.cast(), l) };
+    // grow_zeroed: the new tail reads as zero, the old contents stay.
+    dirty(2 * n);
+    let small = Layout::from_size_align(100, 64).unwrap();
+    let b = MklAllocator.allocate(small).unwrap();
+    // SAFETY: a live block of `small`, grown once to `big` and freed with it.
+    unsafe {
+        b.cast::<u8>().as_ptr().write_bytes(7, 100);
+        let big = Layout::from_size_align(2 * n, 64).unwrap();
+        let g = MklAllocator.grow_zeroed(b.cast(), small, big).unwrap();
+        let p = g.cast::<u8>().as_ptr();
+        assert!(std::slice::from_raw_parts(p, 100).iter().all(|&x| x == 7));
+        assert!(all_zero(p.add(100), 2 * n - 100));
+        MklAllocator.deallocate(g.cast(), big);
+    }
+    // c_heap's calloc (NumPy's zeros), with and without huge pages.
+    for huge in [false, true] {
+        let heap = c_heap::CHeap::new(64).unwrap().with_huge_pages(huge);
+        let p = heap.calloc(n, 1);
+        assert!(!p.is_null());
+        // SAFETY: a live c_heap block of n bytes, freed once.
+        unsafe {
+            assert!(all_zero(p, n));
+            p.write_bytes(0x55, n);
+            c_heap::free(p);
+        }
+        let q = heap.calloc(n, 1);
+        // SAFETY: as above.
+        unsafe {
+            assert!(all_zero(q, n), "reused calloc, huge {huge}");
+            c_heap::free(q);
+        }
+    }
+    // SharedMklVec's zeroed constructor.
+    #[cfg(feature = "bytemuck")]
+    {
+        dirty(n / 8 * 8);
+        let v = SharedMklVec::<u64>::zeroed(n / 8);
+        assert!(v.view().unwrap().iter().all(|&x| x == 0));
+    }
+    mkl_alloc::manager::free_buffers();
+}
+
+/// Resident set size in bytes (`/proc/self/statm`).
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// The child half of `untouched_zeroed_memory_is_not_resident`.
+#[test]
+#[ignore = "run by untouched_zeroed_memory_is_not_resident in a fresh process"]
+fn rss_child() {
+    const N: usize = 1 << 26; // 512 MiB of f64
+    // Fresh: `vec![0.0; n]` under MklAllocator, untouched.
+    let before = rss();
+    let v = vec![0.0f64; N];
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 16 * MIB,
+        "a fresh zeroed 512 MiB block made {grown} B resident"
+    );
+    assert!(v[N / 2] == 0.0 && v[N - 1] == 0.0);
+    // Reused: fill it (resident), free it into the cache, ask again zeroed:
+    // the same block, its pages given back instead of written.
+    let mut v = v;
+    v.fill(1.0);
+    let p = v.as_ptr();
+    drop(v);
+    let full = rss();
+    let w = vec![0.0f64; N];
+    assert_eq!(w.as_ptr(), p, "the cached block");
+    let after = rss();
+    assert!(
+        after + 400 * MIB < full,
+        "reusing a dirty 512 MiB block zeroed kept it resident: {full} -> {after} B"
+    );
+    assert!(w.iter().step_by(512).all(|&x| x == 0.0));
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "child processes and /proc")]
+fn untouched_zeroed_memory_is_not_resident() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rss_child", "--ignored", "--nocapture"])
+        .env_remove("MKL_ALLOC_BLOCK_CACHE")
+        .env_remove("MKL_ALLOC_HUGE_PAGES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
