@@ -12,7 +12,7 @@ use std::process::Command;
 use crate::Result;
 use crate::cache::{Part, stamp_text};
 use crate::pins::{MKL_VERSION, Wheel};
-use crate::workdir::WorkDir;
+use crate::workdir::{Sweep, WorkDir};
 
 /// The interpreter that runs pip, and whose environment `mkl-rt` searches
 /// for an installed `libmkl_rt`.
@@ -24,7 +24,7 @@ pub fn python() -> String {
 
 pub fn fetch(cache: &Path, parts: &[&Part], what: &str) -> Result<()> {
     // Sweep the work folders of builds that were killed mid-fetch.
-    WorkDir::sweep(cache);
+    Sweep::default().run(cache);
     let mut wheels: BTreeMap<&str, &Wheel> = BTreeMap::new();
     for part in parts {
         wheels.insert(part.wheel.project, part.wheel);

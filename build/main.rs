@@ -45,6 +45,7 @@ mod cache;
 mod config;
 mod fetch;
 mod link;
+mod locks;
 mod mode;
 mod one_mkl;
 mod pins;

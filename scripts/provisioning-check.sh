@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Checks build.rs's provisioning rules against the real build script:
+# Checks the build script's provisioning rules (build/) against the real thing:
 # - with the fetch turned off and no MKL anywhere, the build fails and says
 #   how to provide MKL (the default mode and mkl-rt);
 # - a half-written cache part (no stamp, or a stamp that does not match the
 #   files) is never used;
 # - a failed fetch leaves no folder behind;
 # - the sweep of dead builds' work folders spares live ones of other hosts
-#   and PID namespaces (lock-based, not PID-based);
+#   and PID namespaces, even where their locks are not seen (build/workdir.rs);
 # - with DOCS_RS set, `cargo doc` needs no MKL and touches no cache.
-# Reuses the current target directory: only build.rs re-runs.
+# Reuses the current target directory: only the build script re-runs.
+# The lock and sweep rules are also unit-tested: cargo test --test build_locks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset MKLROOT
@@ -56,14 +57,28 @@ fi
 echo "ok: failed fetch left nothing behind"; passed=$((passed+1))
 
 # A cache shared with builds this one cannot see (another host over NFS,
-# another PID namespace): a live build's work folder (its lock held, here by
-# a helper process) survives the sweep a fetch starts with; a dead build's
-# (lock free) is removed; an older build's `.partial-<pid>` folder, whose PID
-# means nothing here (above any pid_max), is left alone.
+# another PID namespace), swept by the rule in build/workdir.rs: a folder
+# goes only if its lock can be taken and its owner is this host's (boot and
+# PID namespace) with a dead PID, or, owned elsewhere, it is a day old.
+# - live: another host's build holding its lock (a helper process), aged:
+#   kept, the lock wins over age;
+# - remote: another host's recent folder whose lock is free (NFS with
+#   local_lock=flock: that host's lock is invisible here): kept;
+# - dead: this host's, its PID gone, lock free: removed;
+# - stale: another host's, lock free, two days old: removed;
+# - an older build's `.partial-<pid>` folder, whose PID means nothing here
+#   (above any pid_max): left alone.
 rm -rf "$tmp/cache"
-live="$tmp/cache/.work-otherhost-7-7-0" dead="$tmp/cache/.work-deadhost-7-7-0" old="$tmp/cache/.partial-999999999"
-mkdir -p "$live" "$dead" "$old"
-touch "$live/lock" "$dead/lock" "$old/mkl_core.part"
+w="$tmp/cache/.work"
+live="$w-otherhost-7-7-0" remote="$w-otherhost-8-8-0" dead="$w-thishost-9-9-0" stale="$w-otherhost-6-6-0"
+old="$tmp/cache/.partial-999999999"
+mkdir -p "$live" "$remote" "$dead" "$stale" "$old"
+touch "$live/lock" "$remote/lock" "$dead/lock" "$stale/lock" "$old/mkl_core.part"
+owner() { printf 'host %s\nboot %s\npidns %s\npid %s\n' "$1" "$2" "$3" "$4"; }
+true & gone=$!; wait "$gone"
+owner "$(cat /proc/sys/kernel/hostname)" "$(cat /proc/sys/kernel/random/boot_id)" "$(readlink /proc/self/ns/pid)" "$gone" >"$dead/owner"
+for dir in "$live" "$remote" "$stale"; do owner otherhost 00000000-0000-0000-0000-000000000000 'pid:[1]' 7 >"$dir/owner"; done
+touch -d '2 days ago' "$live" "$stale"
 python3 -c 'import fcntl, sys, time
 f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); open(sys.argv[2], "w").close(); time.sleep(600)' \
   "$live/lock" "$tmp/held" &
@@ -73,9 +88,11 @@ MKL_ALLOC_CACHE="$tmp/cache" "${unreachable[@]}" cargo check --lib >"$tmp/log" 2
 kill "$holder"; wait "$holder" 2>/dev/null || true
 grep -q "pip download\` failed" "$tmp/log" || { cat "$tmp/log"; echo "FAIL: sweep: no fetch was attempted"; exit 1; }
 [ -e "$live/lock" ] || { echo "FAIL: sweep deleted a live build's work folder (lock held)"; exit 1; }
+[ -e "$remote/lock" ] || { echo "FAIL: sweep deleted another host's recent work folder (its lock is not seen here)"; exit 1; }
 [ -e "$old/mkl_core.part" ] || { echo "FAIL: sweep deleted $old, whose PID belongs to no process here"; exit 1; }
-[ ! -e "$dead" ] || { echo "FAIL: sweep kept a dead build's work folder (lock free)"; exit 1; }
-echo "ok: the sweep keeps live work folders of other hosts/namespaces, removes dead ones"; passed=$((passed+1))
+[ ! -e "$dead" ] || { echo "FAIL: sweep kept a dead build's work folder (this host, PID gone, lock free)"; exit 1; }
+[ ! -e "$stale" ] || { echo "FAIL: sweep kept another host's two-day-old work folder (lock free)"; exit 1; }
+echo "ok: the sweep keeps live and recent work folders of other hosts/namespaces, removes dead and stale ones"; passed=$((passed+1))
 
 # docs.rs: no MKL, no reachable index, and the cache stays empty.
 rm -rf "$tmp/cache"
