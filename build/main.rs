@@ -17,9 +17,11 @@
 //!    `mkl-include` wheels (`pins`), fetched with `python3 -m pip download`
 //!    (the user's own index and proxy settings apply) and checked against
 //!    pinned sha256s (`fetch`). Each part of the cache carries a stamp written
-//!    last; a part without a matching stamp is refetched, never used. Each
-//!    fetch works in a folder of its own, swept if its build dies
-//!    (`workdir`). A failed fetch leaves nothing behind.
+//!    last; a part without a matching stamp is refetched, never used.
+//!    Fetches of a part are serialized by its lock and never remove a stamp
+//!    (`locks`); each works in a folder of its own, swept if its build dies
+//!    (`workdir`). A failed fetch leaves no file behind but the parts'
+//!    empty lock files.
 //! 3. Either way, the prototypes `src/ffi.rs` binds are checked against the
 //!    `mkl_service.h` of the MKL that is linked (`prototypes`).
 //! 4. A static build stops if intel-mkl-src's own fallback (an ocipkg

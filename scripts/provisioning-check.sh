@@ -4,7 +4,8 @@
 #   how to provide MKL (the default mode and mkl-rt);
 # - a half-written cache part (no stamp, or a stamp that does not match the
 #   files) is never used;
-# - a failed fetch leaves no folder behind;
+# - a failed fetch leaves no folder or MKL file behind (only empty lock files);
+# - a fetch waits while another build holds the lock of a part it needs;
 # - the sweep of dead builds' work folders spares live ones of other hosts
 #   and PID namespaces, even where their locks are not seen (build/workdir.rs);
 # - with DOCS_RS set, `cargo doc` needs no MKL and touches no cache.
@@ -48,13 +49,43 @@ for lib in mkl_intel_lp64 mkl_sequential mkl_core; do
 done
 expect_refusal "cache with wrong stamps, fetch off" "${no_fetch[@]}"
 
-# A fetch that fails (no reachable index) is refused and leaves no work folder.
+# A fetch that fails (no reachable index) is refused and leaves no work
+# folder and no MKL file: only the empty lock files of the parts it tried.
 rm -rf "$tmp/cache"
 expect_refusal "failed fetch" "${unreachable[@]}" cargo check --lib
-if [ -n "$(find "$tmp/cache" -mindepth 1 -print -quit 2>/dev/null)" ]; then
-  echo "FAIL: failed fetch left files behind:"; find "$tmp/cache" | head; exit 1
+left=$(find "$tmp/cache" -mindepth 1 \( -name '.work-*' -o ! -type d ! \( -name '.lock-*' -empty \) \) -print 2>/dev/null)
+if [ -n "$left" ]; then
+  echo "FAIL: failed fetch left files behind:"; echo "$left" | head; exit 1
 fi
-echo "ok: failed fetch left nothing behind"; passed=$((passed+1))
+echo "ok: failed fetch left nothing behind but empty lock files"; passed=$((passed+1))
+
+# A fetch waits while another build holds a part's lock (build/locks.rs):
+# a helper holds the headers' lock until the build has the lock file open
+# (waiting in flock), checks that no fetch started meanwhile (no work
+# folder), and lets go; the build's fetch then runs (and fails).
+mkdir -p "$tmp/cache/include"
+python3 -c 'import fcntl, glob, os, sys, time
+lock, cache, held = sys.argv[1:4]
+f = open(lock, "a+"); fcntl.flock(f, fcntl.LOCK_EX); open(held, "w").close()
+me, target = f"/proc/{os.getpid()}/", os.path.realpath(lock)
+def opened_elsewhere():
+    for fd in glob.glob("/proc/[0-9]*/fd/*"):
+        try:
+            if not fd.startswith(me) and os.readlink(fd) == target: return True
+        except OSError: pass
+while not opened_elsewhere(): time.sleep(0.1)
+time.sleep(1)
+if glob.glob(os.path.join(cache, ".work-*")): sys.exit("FAIL: part lock: a fetch started while another build held the lock")' \
+  "$tmp/cache/include/.lock-headers" "$tmp/cache" "$tmp/part-held" &
+holder=$!
+while [ ! -e "$tmp/part-held" ]; do kill -0 "$holder" 2>/dev/null || { echo "FAIL: part lock: the helper died"; exit 1; }; sleep 0.1; done
+MKL_ALLOC_CACHE="$tmp/cache" "${unreachable[@]}" cargo check --lib >"$tmp/log" 2>&1 || true
+if kill "$holder" 2>/dev/null; then
+  echo "FAIL: part lock: the build ended without waiting for the headers' lock"; exit 1
+fi
+wait "$holder" || exit 1
+grep -q "pip download\` failed" "$tmp/log" || { cat "$tmp/log"; echo "FAIL: part lock: no fetch was attempted"; exit 1; }
+echo "ok: a fetch waits for another build's lock on the same part"; passed=$((passed+1))
 
 # A cache shared with builds this one cannot see (another host over NFS,
 # another PID namespace), swept by the rule in build/workdir.rs: a folder
@@ -83,7 +114,7 @@ python3 -c 'import fcntl, sys, time
 f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); open(sys.argv[2], "w").close(); time.sleep(600)' \
   "$live/lock" "$tmp/held" &
 holder=$!
-while [ ! -e "$tmp/held" ]; do sleep 0.1; done
+while [ ! -e "$tmp/held" ]; do kill -0 "$holder" 2>/dev/null || { echo "FAIL: sweep: the helper died"; exit 1; }; sleep 0.1; done
 MKL_ALLOC_CACHE="$tmp/cache" "${unreachable[@]}" cargo check --lib >"$tmp/log" 2>&1 || true
 kill "$holder"; wait "$holder" 2>/dev/null || true
 grep -q "pip download\` failed" "$tmp/log" || { cat "$tmp/log"; echo "FAIL: sweep: no fetch was attempted"; exit 1; }

@@ -1,7 +1,8 @@
 //! The build script's cache locks and work-folder sweep (build/locks.rs,
 //! build/workdir.rs), compiled here with std and libc only: build scripts
-//! have no test harness. Temporary folders live in cargo's
-//! `CARGO_TARGET_TMPDIR`.
+//! have no test harness. Threads play concurrent builds (`flock`s of two
+//! opens conflict within one process too). Temporary folders live in
+//! cargo's `CARGO_TARGET_TMPDIR`.
 
 #[allow(dead_code)]
 #[path = "../build/locks.rs"]
@@ -13,7 +14,9 @@ mod workdir;
 use std::fs::{self, File};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::time::{Duration, Instant, SystemTime};
 
 use locks::open_lock;
 use workdir::{Owner, Sweep, WorkDir, pid_alive};
@@ -204,4 +207,184 @@ fn owner_records_read_back() {
     assert!(pid_alive(here.pid));
     assert_eq!(Owner::parse("host h\nboot b\npid 12\n"), None);
     assert_eq!(Owner::parse("host h\nboot b\npidns n\npid x\n"), None);
+}
+
+/// A part as the cache keeps it, for the fetch races: `FILES` files of one
+/// size each, and a stamp listing them, written by `locks::install`.
+struct FakePart {
+    dir: PathBuf,
+}
+
+const FILES: usize = 64;
+
+impl FakePart {
+    fn stamp(&self) -> PathBuf {
+        self.dir.join(".complete-x")
+    }
+
+    fn lock(&self) -> PathBuf {
+        self.dir.join(".lock-x")
+    }
+
+    fn is_complete(&self) -> bool {
+        let Ok(stamp) = fs::read_to_string(self.stamp()) else {
+            return false;
+        };
+        stamp.lines().count() == FILES
+            && stamp.lines().all(|line| {
+                let (file, len) = line.rsplit_once(' ').unwrap();
+                fs::metadata(self.dir.join(file)).is_ok_and(|m| m.len().to_string() == len)
+            })
+    }
+
+    /// What a fetch does after its download (`delay`): unpack into a work
+    /// folder of its own, then install; fails if the install removed the
+    /// stamp of a part that was complete.
+    fn fetch(&self, work: &Path, delay: Duration) -> Result<(), String> {
+        std::thread::sleep(delay);
+        fs::create_dir_all(work).unwrap();
+        for i in 0..FILES {
+            fs::write(work.join(format!("lib{i}.a")), [7u8; 100]).unwrap();
+        }
+        // Called after the files are in place, before the new stamp: a
+        // stamp that matched before the install must still be there.
+        let was_complete = self.is_complete();
+        locks::install(work, &self.dir, &self.stamp(), |files| {
+            if was_complete && !self.stamp().exists() {
+                return Err("the install removed the stamp of a complete part".into());
+            }
+            Ok(files.iter().map(|f| format!("{f} 100\n")).collect())
+        })
+    }
+
+    /// `cache::ensure` for this one part: the stamp checked without a lock,
+    /// then `locks::fetch_missing`; returns how many fetches it ran.
+    fn ensure(&self, work: &Path, delay: Duration) -> Result<usize, String> {
+        let missing: Vec<&FakePart> = [self].into_iter().filter(|p| !p.is_complete()).collect();
+        if missing.is_empty() {
+            return Ok(0);
+        }
+        let mut fetches = 0;
+        locks::fetch_missing(&missing, FakePart::lock, FakePart::is_complete, |still| {
+            assert!(still.iter().all(|p| !p.is_complete()));
+            fetches += 1;
+            self.fetch(work, delay)
+        })?;
+        Ok(fetches)
+    }
+}
+
+/// Watches the stamp from its first appearance until `done`: whether it
+/// was ever missing after that.
+fn watch_stamp(stamp: PathBuf, done: Arc<AtomicBool>) -> std::thread::JoinHandle<bool> {
+    std::thread::spawn(move || {
+        while !stamp.exists() && !done.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        let mut vanished = false;
+        while !done.load(SeqCst) {
+            vanished |= !stamp.exists();
+            std::thread::yield_now();
+        }
+        vanished
+    })
+}
+
+#[test]
+fn concurrent_fetches_of_a_part_are_serialized_and_the_stamp_never_vanishes() {
+    let scratch = Scratch::new("race");
+    let part = Arc::new(FakePart {
+        dir: scratch.0.join("static"),
+    });
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = watch_stamp(part.stamp(), done.clone());
+    let start = Instant::now();
+    // Build A fetches for 300 ms; build B finds the part missing 100 ms in,
+    // while A is still downloading.
+    let builds: Vec<_> = [("a", 0), ("b", 100)]
+        .into_iter()
+        .map(|(name, after)| {
+            let part = part.clone();
+            let work = scratch.0.join(format!("work-{name}"));
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(after));
+                let fetches = part.ensure(&work, Duration::from_millis(300));
+                (fetches, start.elapsed())
+            })
+        })
+        .collect();
+    let results: Vec<_> = builds.into_iter().map(|b| b.join().unwrap()).collect();
+    done.store(true, SeqCst);
+    let vanished = watcher.join().unwrap();
+    let (a, b) = (&results[0], &results[1]);
+    assert_eq!(a.0, Ok(1), "build A fetched once");
+    assert_eq!(
+        b.0,
+        Ok(0),
+        "build B waited for A's fetch and fetched nothing"
+    );
+    assert!(
+        b.1 >= Duration::from_millis(300),
+        "B returned before A's stamp: {b:?}"
+    );
+    assert!(
+        !vanished,
+        "the stamp of a complete part vanished during a fetch"
+    );
+    assert!(part.is_complete());
+}
+
+#[test]
+fn an_install_over_a_complete_part_never_removes_its_stamp() {
+    // Fetches that overlap anyway (locks local to each host, NFS's
+    // local_lock=flock): each install keeps the stamp in place.
+    let scratch = Scratch::new("reinstall");
+    let part = FakePart {
+        dir: scratch.0.join("static"),
+    };
+    part.fetch(&scratch.0.join("work"), Duration::ZERO).unwrap();
+    assert!(part.is_complete());
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = watch_stamp(part.stamp(), done.clone());
+    for round in 0..5 {
+        let work = scratch.0.join(format!("work-{round}"));
+        part.fetch(&work, Duration::ZERO).unwrap();
+    }
+    done.store(true, SeqCst);
+    assert!(!watcher.join().unwrap(), "an install removed a valid stamp");
+    assert!(part.is_complete());
+}
+
+#[test]
+fn builds_needing_the_same_parts_in_another_order_do_not_deadlock() {
+    let scratch = Scratch::new("order");
+    let parts: Vec<Arc<FakePart>> = ["x", "y"]
+        .iter()
+        .map(|d| {
+            Arc::new(FakePart {
+                dir: scratch.0.join(d),
+            })
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (i, order) in [[0, 1], [1, 0]].into_iter().enumerate() {
+        let (tx, parts) = (tx.clone(), parts.clone());
+        let work = scratch.0.join(format!("work-{i}"));
+        std::thread::spawn(move || {
+            let wanted: Vec<&FakePart> = order.iter().map(|&k| &*parts[k]).collect();
+            let result =
+                locks::fetch_missing(&wanted, FakePart::lock, FakePart::is_complete, |still| {
+                    for (k, part) in still.iter().enumerate() {
+                        part.fetch(&work.join(k.to_string()), Duration::from_millis(50))?;
+                    }
+                    Ok(())
+                });
+            tx.send(result).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        let result = rx.recv_timeout(Duration::from_secs(5));
+        assert_eq!(result, Ok(Ok(())), "a build is stuck waiting for a lock");
+    }
+    assert!(parts.iter().all(|p| p.is_complete()));
 }
