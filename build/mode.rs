@@ -1,0 +1,55 @@
+//! Which MKL link mode the crate's features select: exactly one of
+//! intel-mkl-src's eight configurations, or `mkl-rt`.
+
+use std::env;
+use std::str::FromStr;
+
+use crate::Result;
+
+/// intel-mkl-src's configurations, each also a feature of this crate.
+pub const CONFIGS: [&str; 8] = [
+    "mkl-static-lp64-seq",
+    "mkl-static-lp64-iomp",
+    "mkl-static-ilp64-seq",
+    "mkl-static-ilp64-iomp",
+    "mkl-dynamic-lp64-seq",
+    "mkl-dynamic-lp64-iomp",
+    "mkl-dynamic-ilp64-seq",
+    "mkl-dynamic-ilp64-iomp",
+];
+
+/// How MKL is linked, from the crate's features.
+pub enum Mode {
+    /// One of intel-mkl-src's configurations.
+    Config(intel_mkl_tool::Config),
+    /// The single dynamic library, `libmkl_rt`.
+    Rt,
+}
+
+fn feature(name: &str) -> bool {
+    let var = format!("CARGO_FEATURE_{}", name.to_uppercase().replace('-', "_"));
+    env::var_os(var).is_some()
+}
+
+pub fn mode() -> Result<Mode> {
+    let configs: Vec<&str> = CONFIGS.into_iter().filter(|c| feature(c)).collect();
+    let rt = feature("mkl-rt");
+    let choose = "choose exactly one of the features mkl-rt, ".to_string() + &CONFIGS.join(", ");
+    match (configs.as_slice(), rt) {
+        ([], false) => Err(format!(
+            "mkl-alloc: no MKL link mode is selected: {choose} \
+             (the default is mkl-static-lp64-seq)"
+        )),
+        ([one], false) => intel_mkl_tool::Config::from_str(one)
+            .map(Mode::Config)
+            .map_err(|e| format!("mkl-alloc: bad MKL configuration {one}: {e}")),
+        ([], true) => Ok(Mode::Rt),
+        (many, _) => Err(format!(
+            "mkl-alloc: more than one MKL link mode is selected ({}{}): {choose}. \
+             To use another mode than the default, depend on mkl-alloc with \
+             `default-features = false, features = [\"<mode>\"]`",
+            many.join(", "),
+            if rt { ", mkl-rt" } else { "" }
+        )),
+    }
+}
