@@ -24,7 +24,9 @@
 //!    dropped before the request completes: the borrow checker, not the
 //!    programmer's care, keeps MPI's buffer from being freed under it.
 //! 4. Point to point between ranks: MKL buffers of 64 B to 8 MiB sent round
-//!    a ring, checked for alignment and content on arrival, and a message
+//!    a ring, checked for alignment and content on arrival (8 MiB twice:
+//!    with mkl-alloc's block cache on, `MKL_ALLOC_BLOCK_CACHE=on`, the
+//!    second round gets the first round's blocks back), and a message
 //!    received into a `Vec` that rsmpi allocates (through the global
 //!    allocator: MKL memory again).
 //!
@@ -359,11 +361,18 @@ fn point_to_point(world: &SimpleCommunicator) {
     let value = |from: Rank, i: usize| f64::from(from) * 1e6 + (i % 100_000) as f64;
 
     // One cache line, a size MPICH sends eagerly, and 8 MiB (rendezvous:
-    // MPI reads the sender's block while the receiver's is written).
-    for len in [8, 1000, 1 << 20] {
+    // MPI reads the sender's block while the receiver's is written) twice.
+    // With mkl-alloc's block cache on, the second 8 MiB round gets the
+    // first round's blocks back, still mapped: whatever the MPI library
+    // registered for them (UCX, libfabric) is still valid (docs/mpi.md).
+    let mut big_blocks = [[0usize; 2]; 2];
+    for (round, len) in [8, 1000, 1 << 20, 1 << 20].into_iter().enumerate() {
         let send = mkl_vec(len, |i| value(rank, i));
         let mut recv = zeros(len);
         expect_aligned(rank, "send buffer", send.as_ptr());
+        if len == 1 << 20 {
+            big_blocks[round - 2] = [send.as_ptr() as usize, recv.as_ptr() as usize];
+        }
         let status = send_receive_into(&send[..], &next, &mut recv[..], &prev);
         assert_eq!(
             status.source_rank(),
@@ -382,6 +391,20 @@ fn point_to_point(world: &SimpleCommunicator) {
             &recv,
             |i| value(prev_rank, i),
         );
+    }
+
+    if rank == 0 {
+        let reused = big_blocks[1]
+            .iter()
+            .filter(|a| big_blocks[0].contains(a))
+            .count();
+        match mkl_alloc::block_cache::budget() {
+            Some(bytes) => println!(
+                "rank 0: block cache on ({} MiB): the second 8 MiB round reused {reused} of 2 blocks",
+                bytes >> 20
+            ),
+            None => println!("rank 0: block cache off"),
+        }
     }
 
     // A message of unknown length: rsmpi probes it and allocates the `Vec`
