@@ -90,10 +90,12 @@ fn main() {
     // `universe` drops here: MPI_Finalize.
 }
 
-/// A panicking rank would leave the others waiting in a collective until
-/// `mpiexec`'s timeout; `MPI_Abort` ends every rank at once instead. Only
-/// the main thread calls MPI (FUNNELED); a worker thread's panic reaches it
-/// when `thread::scope` joins the worker, or as a closed channel.
+/// Without this, a panic unwinds through `universe`, whose drop finalises
+/// MPI, and the other ranks wait in their next collective for ever (tried:
+/// they spun until `mpiexec`'s timeout). `MPI_Abort` ends every rank at
+/// once instead, before any unwinding. Only the main thread calls MPI
+/// (FUNNELED); a worker thread's panic reaches it when `thread::scope`
+/// joins the worker, or as a closed channel.
 fn abort_job_on_panic() {
     let print = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
