@@ -387,27 +387,27 @@ fn overflow_with_the_length_is_reported_before_views_and_mutable_views() {
     assert_eq!(z.len(), usize::MAX);
 }
 
-/// Issue 11, item 2: the view limit the README's failure table quotes is
-/// the one the code enforces.
+/// Issue 11, item 2: the view limit the failure table quotes
+/// (docs/failures.md) is the one the code enforces.
 #[test]
-fn the_readme_quotes_the_view_limit_the_code_enforces() {
+fn the_failure_table_quotes_the_view_limit_the_code_enforces() {
     let max = SharedMklVec::<u8>::MAX_VIEWS;
     assert_eq!(max, 1 << (usize::BITS - 2));
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../docs/failures.md");
     let row = readme
         .lines()
         .find(|l| l.contains("TooManyViews"))
-        .expect("the README's failure table has a TooManyViews row");
+        .expect("docs/failures.md's failure table has a TooManyViews row");
     let quoted = format!("(2^{} on 64-bit targets)", max.trailing_zeros());
     if usize::BITS == 64 {
         assert!(
             row.contains(&quoted),
-            "README row {row:?} does not quote {quoted}"
+            "docs/failures.md row {row:?} does not quote {quoted}"
         );
     }
     assert!(
         row.contains("MAX_VIEWS"),
-        "README row {row:?} does not name the constant"
+        "docs/failures.md row {row:?} does not name the constant"
     );
     assert!(
         SharedVecError::TooManyViews { max }
