@@ -39,7 +39,7 @@
 //! orders the block's contents: whatever a thread wrote into a block before
 //! caching it happens-before the reuse by another thread.
 //!
-//! The budget counter is one atomic word (see [`Cache`]'s fields); a loom
+//! The budget counter is one atomic word (see `Cache`'s fields); a loom
 //! model (`loom_tests/block_cache.rs`) checks it against the shards.
 //!
 //! **On by default**, as MKL's own fast memory manager keeps freed buffers

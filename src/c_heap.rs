@@ -1,10 +1,13 @@
 //! The C `malloc` contract over MKL blocks, for callers whose `free` does not
 //! pass the size (NumPy's data-memory handler, C libraries, FFI callbacks).
 //!
-//! [`malloc`], [`calloc`], [`realloc`] and [`free`] behave as C's, with an
-//! alignment chosen at allocation: every block is an MKL block whose size
-//! and alignment are kept in a *header* in front of the returned pointer, so
-//! that `realloc` and `free` need nothing but the pointer.
+//! [`malloc`], [`calloc`], [`realloc`] and [`free`] follow C's contract,
+//! with an alignment chosen at allocation, and one difference: the free
+//! function [`realloc`] takes a live block only, never null (it would read
+//! a header below address 0); C's `realloc(NULL, n)` is
+//! [`CHeap::realloc`]'s, which knows the alignment to give. Every block is an MKL block whose size and alignment are kept in
+//! a *header* in front of the returned pointer, so that `realloc` and
+//! `free` need nothing but the pointer.
 //!
 //! - **Header cost.** The header takes one alignment unit,
 //!   `max(64, align)` bytes, in front of the data so that the data stays
@@ -32,7 +35,10 @@
 //!   covers it too). Large blocks go through the
 //!   [`block_cache`](crate::block_cache) like every MKL block of the crate.
 //!
-//! Nothing here allocates outside MKL, takes a lock or needs Python's GIL.
+//! Nothing here allocates outside MKL or needs Python's GIL. Small blocks
+//! take no lock (the bins are lock-free); large ones go through the block
+//! cache, whose short shard locks survive `fork` (see
+//! [`block_cache`](crate::block_cache)).
 //!
 //! ```
 //! use mkl_alloc::c_heap;
@@ -333,8 +339,9 @@ pub fn calloc(nelem: usize, elsize: usize, align: usize) -> *mut u8 {
 /// pages on lands on advised memory.
 ///
 /// # Safety
-/// `ptr` was returned by this module (and not freed since); after a
-/// non-null return only the returned pointer may be used.
+/// `ptr` was returned by this module (and not freed since), so never null
+/// (use [`CHeap::realloc`] for C's `realloc(NULL, n)`); after a non-null
+/// return only the returned pointer may be used.
 ///
 /// ```
 /// use mkl_alloc::c_heap;

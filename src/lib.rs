@@ -7,11 +7,16 @@
 //!   small blocks (under 4 KiB by default, alignment at most 16) from the
 //!   system allocator, all others from MKL aligned to 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
-//! - [`block_cache`]: an opt-in, bounded, decaying cache of freed large MKL
-//!   blocks, so that big temporaries are not faulted in again and again
-//!   (`MKL_ALLOC_BLOCK_CACHE`).
-//! - [`huge_pages`]: an opt-in policy putting large MKL blocks on transparent
-//!   huge pages (`madvise(MADV_HUGEPAGE)`; `MKL_ALLOC_HUGE_PAGES`).
+//! - [`block_cache`]: a bounded, decaying cache of freed large MKL blocks,
+//!   on by default, so that big temporaries are not faulted in again and
+//!   again (`MKL_ALLOC_BLOCK_CACHE=off` turns it off).
+//! - [`huge_pages`]: large MKL blocks (4 MiB and more by default) on
+//!   transparent huge pages (`madvise(MADV_HUGEPAGE)`;
+//!   `MKL_ALLOC_HUGE_PAGES=off` turns it off).
+//! - Large zeroed blocks cost nothing until touched: their pages are given
+//!   back (`MADV_DONTNEED`) instead of written, fresh or reused alike.
+//! - Every lock and counter on an allocation path survives `fork` from any
+//!   thread ([`manager::init`] explains how).
 //! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
 //!   [`View`]s and one atomic word make resizing through `&self` safe (a
 //!   resize is refused, never blocked, while a view is alive); an [`Export`]
@@ -21,16 +26,17 @@
 //!   passes no size, such as NumPy's data-memory handler.
 //! - [`ffi`]: the raw bindings (upper-case `MKL_*` names only).
 //!
-//! MKL itself is found or provisioned by the build script; see the README.
+//! MKL itself is found or provisioned by the build script (`build/`); see
+//! docs/linking.md. The defaults and their switches: docs/tuning.md.
 #![deny(unsafe_op_in_unsafe_fn)]
-// Set by build.rs on nightly compilers only: see the `nightly` feature.
+// Set by build/main.rs on nightly compilers only: see the `nightly` feature.
 // The gate is needed only where allocator-api2 0.2's `nightly` feature is on
 // somewhere in the graph; elsewhere nightly would warn that it is unused.
 #![cfg_attr(mkl_alloc_nightly, feature(allocator_api))]
 #![cfg_attr(mkl_alloc_nightly, allow(unknown_lints, unused_features))]
 #![warn(missing_docs)]
 
-// intel-mkl-src links an installed MKL in the chosen configuration (build.rs
+// intel-mkl-src links an installed MKL in the chosen configuration (build/
 // links the cached one, or libmkl_rt under `mkl-rt`).
 #[cfg(not(feature = "mkl-rt"))]
 extern crate intel_mkl_src as _;

@@ -449,3 +449,86 @@ proptest! {
         block_cache::disable();
     }
 }
+
+/// A block shrunk in place still holds its whole size in MKL: the cache
+/// counts (and bounds) that, not the smaller size its owner frees it with
+/// (an independent review found memory held reaching twice the budget).
+#[test]
+fn a_block_shrunk_in_place_counts_its_true_size() {
+    let _s = serial();
+    block_cache::enable(64 * MIB);
+    for align in [64, 4096] {
+        let p = block(8 * MIB, align, 3);
+        // SAFETY: a live block of 8 MiB at `align`, shrunk to 5 MiB (more
+        // than half: in place).
+        let q = unsafe { MklAllocator.realloc(p, layout(8 * MIB, align), 5 * MIB) };
+        assert_eq!(q, p, "a mild shrink stays in place");
+        check(q, 5 * MIB, 3);
+        free(q, 5 * MIB, align);
+        assert_eq!(
+            block_cache::cached_bytes(),
+            8 * MIB,
+            "cached at its true size"
+        );
+        // A request for 8 MiB may take it: it really holds 8 MiB.
+        let r = block(8 * MIB, align, 4);
+        assert_eq!(r, p);
+        free(r, 8 * MIB, align);
+        manager::free_buffers();
+    }
+    // Under a budget between the two sizes the shrunk block is not kept.
+    block_cache::enable(6 * MIB);
+    let p = block(8 * MIB, 64, 5);
+    // SAFETY: as above.
+    let q = unsafe { MklAllocator.realloc(p, layout(8 * MIB, 64), 5 * MIB) };
+    free(q, 5 * MIB, 64);
+    assert_eq!(
+        block_cache::cached_bytes(),
+        0,
+        "8 MiB held under a 6 MiB budget"
+    );
+    // Shrunk twice, grown back within its true size: in place, and freed
+    // at its true size.
+    block_cache::enable(64 * MIB);
+    let p = block(8 * MIB, 64, 6);
+    // SAFETY: a live block, resized through its latest layout each time.
+    unsafe {
+        let q = MklAllocator.realloc(p, layout(8 * MIB, 64), 6 * MIB);
+        let q = MklAllocator.realloc(q, layout(6 * MIB, 64), 5 * MIB);
+        let q = MklAllocator.realloc(q, layout(5 * MIB, 64), 7 * MIB);
+        assert_eq!(q, p, "growth within the true size stays in place");
+        check(q, 5 * MIB, 6);
+        free(q, 7 * MIB, 64);
+    }
+    assert_eq!(block_cache::cached_bytes(), 8 * MIB);
+    manager::free_buffers();
+    block_cache::disable();
+}
+
+/// `disable()` leaves nothing cached even while other threads free large
+/// blocks (the loom model checks the protocol; this checks the process's
+/// cache end to end).
+#[test]
+fn disable_racing_frees_leaves_nothing_cached() {
+    let _s = serial();
+    for _ in 0..20 {
+        block_cache::enable(256 * MIB);
+        let go = std::sync::Barrier::new(3);
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let go = &go;
+                s.spawn(move || {
+                    let blocks: Vec<_> = (0..8).map(|i| block((2 + i % 3) * MIB, 64, t)).collect();
+                    go.wait();
+                    for (i, p) in blocks.into_iter().enumerate() {
+                        free(p, (2 + i % 3) * MIB, 64);
+                    }
+                });
+            }
+            go.wait();
+            block_cache::disable();
+        });
+        assert_eq!(block_cache::cached_bytes(), 0);
+        assert_eq!(manager::stats().cached_buffers, 0);
+    }
+}
