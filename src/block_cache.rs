@@ -262,14 +262,16 @@ mod instance {
         unsafe { ffi::MKL_free(ptr.cast()) }
     }
 
-    /// Milliseconds of the monotonic clock (a vDSO read, no system call).
+    /// Milliseconds of the coarse monotonic clock: a vDSO read of the
+    /// last tick (a few ns, no system call, no hardware clock read); its
+    /// resolution (one kernel tick, 1-10 ms) is plenty for a decay of 1 s.
     fn now_ms() -> usize {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
         // SAFETY: clock_gettime writes one timespec through a valid pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
         (ts.tv_sec as usize)
             .wrapping_mul(1000)
             .wrapping_add(ts.tv_nsec as usize / 1_000_000)
