@@ -94,15 +94,21 @@ fn main() {
     let big: Vec<f64> = vec![0.5; 4 << 20];
     let peak = manager::peak_bytes().unwrap_or(0);
     drop(big);
+    let now = manager::stats();
     println!(
-        "   peak while a 32 MiB Vec lived: {:.1} MiB; now {:.1} MiB",
+        "   peak while a 32 MiB Vec lived: {:.1} MiB; after drop: {:.1} MiB live, {:.1} MiB cached",
         mib(peak),
-        mib(manager::stats().bytes)
+        mib(now.live_bytes()),
+        mib(now.cached_bytes)
     );
+    println!("   (the block cache keeps freed large blocks for reuse, for about a second)");
     manager::reset_peak();
     manager::disable_peak_tracking();
     manager::free_buffers();
-    println!("   free_buffers() returned MKL's cached blocks to the system");
+    println!(
+        "   free_buffers() gave cached blocks back: {:.1} MiB cached now",
+        mib(manager::stats().cached_bytes)
+    );
 
     println!("\n5. SharedMklVec: one buffer, many threads, resized through &self.");
     let shared = Arc::new(SharedMklVec::from_slice(&[1.0f64, 2.0, 3.0]));
