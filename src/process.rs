@@ -72,7 +72,9 @@ pub(crate) fn refresh() {
 #[cold]
 #[inline(never)]
 pub(crate) fn setup() {
-    // Each reads its variable if nothing set the policy yet.
+    // Each reads its variable if nothing set the policy yet (under loom the
+    // allocation path has no cache: loom models the shards directly).
+    #[cfg(not(loom))]
     let _ = block_cache::budget();
     let _ = huge_pages::threshold();
     register_fork_handlers();

@@ -30,6 +30,7 @@ use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 /// How many shrunk blocks can be live at once before shrinks move.
 pub(crate) const SLOTS: usize = 64;
 
+#[cfg_attr(loom, allow(dead_code))]
 struct Record {
     block: AtomicPtr<u8>,
     size: AtomicUsize,
@@ -43,6 +44,7 @@ pub(crate) struct Shrunk {
     count: AtomicUsize,
 }
 
+#[cfg_attr(loom, allow(dead_code))]
 impl Shrunk {
     /// An empty table.
     #[cfg(not(loom))]
