@@ -170,7 +170,7 @@ pub fn record_policies(t: &mut Table) {
 /// alloc+free of 16 B .. 1 MiB (align 64): MklAllocator in both
 /// configurations against raw MKL_malloc/MKL_free, System and mimalloc.
 pub fn small_blocks_group(t: &mut Table) {
-    const ROUNDS: usize = 15;
+    const ROUNDS: usize = 21;
     record_policies(t);
     let who = [
         Who::RawMkl,
@@ -309,14 +309,17 @@ pub fn child_main(args: &[String]) {
         "alloc-free" => {
             let layout = Layout::from_size_align(num(2), ALIGN).unwrap();
             let iters = num(3) as u64;
+            // One warm-up batch, then the median of five: a fresh process
+            // starts with cold caches and MKL's pools empty.
+            let batches = |f: &dyn Fn()| {
+                f();
+                let mut t: Vec<f64> = (0..5).map(|_| per_op(iters, f)).collect();
+                format!("ns={}", median(&mut t))
+            };
             if who == "raw-mkl" {
-                alloc_free_raw_mkl(layout, iters);
-                format!("ns={}", per_op(iters, || alloc_free_raw_mkl(layout, iters)))
+                batches(&|| alloc_free_raw_mkl(layout, iters))
             } else {
-                on_global!(who, g => {
-                    alloc_free(&g, layout, iters);
-                    format!("ns={}", per_op(iters, || alloc_free(&g, layout, iters)))
-                })
+                on_global!(who, g => batches(&|| alloc_free(&g, layout, iters)))
             }
         }
         "temporaries" => on_alloc!(who, a => temporaries(&a)),
