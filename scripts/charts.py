@@ -293,8 +293,9 @@ def small_blocks(plt, doc, out):
     ax.legend(fontsize=8, ncols=5, loc="upper left")
     t = next((t for t in doc["targets"] if t["target"].startswith("16 B alloc+free")), None)
     note = f"; 16 B: MKL defaults / raw MKL = {t['value']:.3f} (limit {t['limit']})" if t else ""
-    ax.set_title(f"Median of fresh-process rounds{note}", fontsize=10, loc="left")
-    fig.suptitle(subtitle(doc, "Small blocks: alloc + free of one block, MklAllocator against raw MKL_malloc/MKL_free, System and mimalloc"), fontsize=10.5, x=0.01, ha="left")
+    ax.set_title(f"Median of interleaved rounds, each a fresh process{note}", fontsize=10, loc="left")
+    what = "Small blocks: alloc + free of one block, MklAllocator against raw MKL_malloc/MKL_free, System and mimalloc"
+    fig.suptitle(subtitle(doc, what) + policies(doc), fontsize=10.5, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     save(fig, out, "small-blocks")
 

@@ -4,9 +4,10 @@
 //!
 //! ```text
 //! cargo build --release --examples      # builds perf and the workload_* binaries
-//! cargo run --release --example perf    # every group: about 10 minutes on 2 cores
-//! cargo run --release --example perf -- --json docs/data/perf.json config workload
-//!                                       # the data of docs/charts/ (about 7 minutes)
+//! cargo run --release --example perf    # every group: 12-25 minutes on 2 shared cores
+//! cargo run --release --example perf -- --json docs/data/perf.json \
+//!     config workload > docs/data/perf.md   # the data of docs/charts/ (5-11 minutes)
+//! python3 scripts/charts.py             # redraws docs/charts/*.svg (see its header)
 //! ```
 //!
 //! perf prints a markdown table of rows (each competitor's median, and its
@@ -28,15 +29,15 @@
 //! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 15 s |
 //! | hashbrown | 3 | 10^6 inserts | 5 s |
 //! | views | 4 | SharedMklVec views against Arc, RwLock, AtomicRefCell (1 and 2 threads); try_push | 10 s |
-//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, MklSplitAllocator with MKL defaults and with everything off, MklAllocator | 50 s |
+//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, MklSplitAllocator with MKL defaults and with everything off, MklAllocator | 1.5-4 min |
 //! | huge pages | 6 | issue 10: Vec push 10^7 and first touch of 64 MiB, huge pages off / on via the API | 30 s |
 //! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 60 s |
 //! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 40 s |
 //! | huge stall | 8 | 256 MiB alloc+touch in fresh processes, three machine states | 20 s |
 //! | block cache | 9 | issue 15: the cache switched via the API in this process | 60 s |
-//! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc | 60 s |
-//! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 2-3 min |
-//! | config push 10^8 | 21 | Vec push to 10^8, the second push of a process | 2-3 min |
+//! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc | 45 s |
+//! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 2-4 min |
+//! | config push 10^8 | 21 | Vec push to 10^8, the second push of a process (and the first) | 1.5-2.5 min |
 //!
 //! Configurations (issue 21). The `config` groups and the workload group
 //! run every measurement in a fresh child process: perf re-runs itself as
