@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release --examples      # builds perf and the workload_* binaries
-//! cargo run --release --example perf    # every group: 12-25 minutes on 2 shared cores
+//! cargo run --release --example perf    # every group: 12-18 minutes on 2 shared cores
 //! cargo run --release --example perf -- --json docs/data/perf.json \
 //!     config workload > docs/data/perf.md   # the data of docs/charts/ (5-11 minutes)
 //! python3 scripts/charts.py             # redraws docs/charts/*.svg (see its header)
@@ -20,21 +20,22 @@
 //!
 //! `perf -- <word>…` runs only the groups whose names contain one of the
 //! words (`--json PATH` may come anywhere). The groups, with their rows'
-//! numbers and rough times on a shared 2-core machine:
+//! numbers and times measured on the shared 2-core machine at a load
+//! average of 13 (2026-12-01):
 //!
 //! | Group | Rows | What | Time |
 //! |---|---|---|---|
-//! | alloc+free | 1 | alloc+free 16 B .. 1 MiB, align 64: MklAllocator, MklSplitAllocator, System, mimalloc against raw MKL_malloc/MKL_free | 30 s |
-//! | small objects | 1b | alloc+free 16 B .. 4 KiB, align 8 (the split allocator's case) | 15 s |
-//! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 15 s |
+//! | alloc+free | 1 | alloc+free 16 B .. 1 MiB, align 64: MklAllocator, MklSplitAllocator, System, mimalloc against raw MKL_malloc/MKL_free | 5 s |
+//! | small objects | 1b | alloc+free 16 B .. 4 KiB, align 8 (the split allocator's case) | 2 s |
+//! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 20 s |
 //! | hashbrown | 3 | 10^6 inserts | 5 s |
-//! | views | 4 | SharedMklVec views against Arc, RwLock, AtomicRefCell (1 and 2 threads); try_push | 10 s |
+//! | views | 4 | SharedMklVec views against Arc, RwLock, AtomicRefCell (1 and 2 threads); try_push | 6 s |
 //! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, MklSplitAllocator with MKL defaults and with everything off, MklAllocator | 1.5-4 min |
 //! | huge pages | 6 | issue 10: Vec push 10^7 and first touch of 64 MiB, huge pages off / on via the API | 30 s |
-//! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 60 s |
-//! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 40 s |
-//! | huge stall | 8 | 256 MiB alloc+touch in fresh processes, three machine states | 20 s |
-//! | block cache | 9 | issue 15: the cache switched via the API in this process | 60 s |
+//! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 2 min |
+//! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 55 s |
+//! | huge stall | 8 | 256 MiB alloc+touch in fresh processes, three machine states | 30 s |
+//! | block cache | 9 | issue 15: the cache switched via the API in this process | 2 min |
 //! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc | 45 s |
 //! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 2-4 min |
 //! | config push 10^8 | 21 | Vec push to 10^8, the second push of a process (and the first) | 1.5-2.5 min |
