@@ -9,7 +9,7 @@ The package must be installed (not run from this source tree), e.g.::
     target/bench-venv/bin/pip install ./python numpy
     target/bench-venv/bin/python python/bench_numpy.py --json docs/data/numpy.json
 
-(about 3 minutes on a shared 2-core machine). Two configurations (issue
+(about a minute on a shared 2-core machine). Two configurations (issue
 21), each in worker processes of its own: "MKL defaults" has every
 ``MKL_ALLOC_*`` variable removed from its environment (the library's
 defaults of the installed version), "MKL everything off" has

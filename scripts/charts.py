@@ -6,11 +6,11 @@ the repository root, by (times on a shared 2-core machine)::
 
     cargo build --release --examples                          # the perf and workload_* binaries
     cargo run --release --example perf -- --json docs/data/perf.json \\
-        config workload > docs/data/perf.md                  # about 8 minutes
+        config workload > docs/data/perf.md                  # 5-11 minutes
     python3 -m venv target/bench-venv
-    target/bench-venv/bin/pip install ./python numpy          # builds the extension: a few minutes
+    target/bench-venv/bin/pip install ./python numpy          # builds the extension: about 2 minutes
     target/bench-venv/bin/python python/bench_numpy.py \\
-        --json docs/data/numpy.json > docs/data/numpy.md      # about 2 minutes
+        --json docs/data/numpy.json > docs/data/numpy.md      # about a minute
     python3 scripts/charts.py                                 # seconds (the first time: installs matplotlib)
 
 Run nothing else heavy while measuring. This script creates a virtual
