@@ -24,7 +24,8 @@ temporaries per evaluation: page faults, huge pages, the block cache),
 workload in every configuration, configurations in a shuffled order.
 
 ``np.zeros(2**26)`` (512 MiB) is created and dropped in a fresh process
-for every measurement (NumPy's allocator, the handler with MKL defaults,
+(after a 16-element and a 1 MiB array, so that the allocator's first use
+does not count) for every measurement (NumPy's allocator, the handler with MKL defaults,
 the handler with everything off, interleaved by round): the time, and the
 growth of the resident set (``/proc/self/statm``) while the array lives
 (untouched zeros should cost no memory).
@@ -159,13 +160,18 @@ def rss_mib():
 
 def zeros_child(kind, alignment):
     """Creates and drops ``np.zeros(2**26)`` once (under the handler if
-    ``kind`` is ``handler``); prints its time and resident growth."""
+    ``kind`` is ``handler``), after a small and a 1 MiB array; prints its
+    time and resident growth."""
     import numpy as np
 
     import mkl_alloc
 
     if kind == "handler":
         mkl_alloc.set_numpy_handler(mkl_alloc.numpy_handler(alignment))
+    # The allocator's first use (MKL's code pages and pools: about 10 MiB
+    # resident under the handler) is not the array's cost.
+    x = np.empty(16), np.empty(1 << 17)
+    del x
     before = rss_mib()
     t0 = time.thread_time_ns()
     x = np.zeros(2**26)

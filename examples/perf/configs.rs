@@ -356,10 +356,20 @@ fn push_twice<A: allocator_api2::alloc::Allocator>(a: &A, n: usize) -> String {
 /// align 8), then per `mode`: nothing written ("untouched"), every f64
 /// written ("filled"), or one f64 in every 100th 4 KiB page ("sparse");
 /// freed. Time (thread CPU) of the whole, and the resident growth measured
-/// just before the free.
+/// just before the free (after a warm-up: the allocator's first use).
 fn zeros<G: GlobalAlloc>(g: &G, mode: &str) -> String {
     const N: usize = 1 << 26;
     let layout = Layout::array::<f64>(N).unwrap();
+    // The allocator's first use (its pools, code pages) is not the block's
+    // cost: a 16 B and a 1 MiB block first.
+    for bytes in [16, 1 << 20] {
+        let l = Layout::from_size_align(bytes, 8).unwrap();
+        // SAFETY: a non-zero size.
+        let p = black_box(unsafe { g.alloc(l) });
+        assert!(!p.is_null(), "warm-up allocation failed");
+        // SAFETY: allocated just above with `l`, freed once.
+        unsafe { g.dealloc(p, l) };
+    }
     let before = rss_mib();
     let t0 = thread_cpu_ns();
     // SAFETY: a non-zero size.
