@@ -230,7 +230,7 @@ def run_zeros(extra_env, kind, alignment):
 def first_line(cmd):
     """The first line ``cmd`` prints, or "unknown"."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=_here).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=os.path.dirname(_here)).stdout
         return out.splitlines()[0].strip()
     except (OSError, subprocess.CalledProcessError, IndexError):
         return "unknown"
@@ -256,7 +256,9 @@ def machine():
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in read("/proc/cpuinfo").splitlines() if ln.startswith("model name")), "unknown")
     commit = first_line(["git", "rev-parse", "HEAD"])
-    if first_line(["git", "status", "--porcelain", "--untracked-files=no"]) not in ("unknown", ""):
+    # docs/data/ aside: the run may be writing its results there.
+    status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/data"]
+    if first_line(status) not in ("unknown", ""):
         commit += "-dirty"
     try:
         from numpy._core.multiarray import _get_madvise_hugepage

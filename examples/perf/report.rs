@@ -349,11 +349,13 @@ fn command_line(prog: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// The checkout's commit, with "-dirty" if tracked files differ from it.
+/// The checkout's commit, with "-dirty" if tracked files differ from it
+/// (docs/data/ aside: the run may be writing its results there).
 fn git_commit() -> String {
     let head = command_line("git", &["rev-parse", "HEAD"]);
     let dirty = Command::new("git")
-        .args(["status", "--porcelain", "--untracked-files=no"])
+        .args(["status", "--porcelain", "--untracked-files=no", "--", "."])
+        .arg(":(exclude)docs/data")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .map(|o| !o.stdout.is_empty())
