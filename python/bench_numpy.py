@@ -1,7 +1,7 @@
 """NumPy under the mkl_alloc handler against NumPy's default allocator, with
 the library's defaults and with everything off, in one interleaved run.
 
-    python python/bench_numpy.py [--rounds 15] [--json PATH]
+    python python/bench_numpy.py [--rounds 25] [--json PATH]
 
 The package must be installed (not run from this source tree), e.g.::
 
@@ -307,7 +307,7 @@ def target(group, what, a, b, kind, value, limit, unit=""):
 def main():
     """Parses the arguments; runs a worker, a zeros child or the benchmark."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=25)
     p.add_argument("--zeros-rounds", type=int, default=9)
     p.add_argument("--alignment", type=int, default=64)
     p.add_argument("--json", metavar="PATH", help="write the rows and targets as JSON")
