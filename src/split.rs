@@ -47,7 +47,7 @@ pub const SPLIT_MAX_SMALL_ALIGN: usize = 16;
 /// what a program does with a small object; from 4 KiB (512 `f64`s, the
 /// size from which 64-byte alignment matters to vectorised code) both are
 /// small next to filling the block once, and numeric buffers stay MKL's. On
-/// the allocation-heavy workload of `examples/perf.rs` the split allocator
+/// the allocation-heavy workload of `examples/perf/` the split allocator
 /// with this threshold runs within a few per cent of `System` in time and
 /// peak RSS, where pure MKL is about 1.5x slower and 2.5x larger.
 ///

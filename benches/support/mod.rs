@@ -1,5 +1,6 @@
 //! Kernels shared by the criterion benches (`benches/*.rs`) and the quick
-//! `examples/perf.rs`, so both measure exactly the same code.
+//! `examples/perf/` (`cargo run --release --example perf`), so both
+//! measure exactly the same code.
 //!
 //! Included with `#[path = ".../support/mod.rs"] mod support;`; each
 //! includer uses a subset, hence the `dead_code` allowance.

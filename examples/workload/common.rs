@@ -5,7 +5,7 @@
 //! Usage: `workload_<alloc> [entries]` (default 1 000 000). Prints one line,
 //! `allocator=<name> entries=<n> time_ms=<wall ms> cpu_ms=<user+sys ms>
 //! peak_rss_kib=<VmHWM> checksum=<n>`, which
-//! `examples/perf.rs` and `benches/workload.rs` parse.
+//! `examples/perf/` and `benches/workload.rs` parse.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

@@ -1,0 +1,178 @@
+//! The quick performance table of issues 4, 10, 15 and 21: the criterion
+//! workloads and more, run briefly, with competitors interleaved round by
+//! round so every ratio comes from one run on one machine state.
+//!
+//! ```text
+//! cargo build --release --examples      # builds perf and the workload_* binaries
+//! cargo run --release --example perf    # every group: 12-18 minutes on 2 shared cores
+//! cargo run --release --example perf -- --json docs/data/perf.json \
+//!     config workload > docs/data/perf.md   # the data of docs/charts/ (5-11 minutes)
+//! python3 scripts/charts.py             # redraws docs/charts/*.svg (see its header)
+//! ```
+//!
+//! perf prints a markdown table of rows (each competitor's median, and its
+//! ratio to the group's baseline) and a table of targets ("met" or
+//! "missed"), and writes the same rows and targets, with the machine (CPU
+//! model, logical cores, THP mode, kernel, glibc, rustc, date, git commit,
+//! load average), as JSON to `--json PATH` (default:
+//! `target/perf/results.json` beside the binary's `target/`).
+//! `scripts/charts.py` draws docs/charts/*.svg from that JSON.
+//!
+//! `perf -- <word>…` runs only the groups whose names contain one of the
+//! words (`--json PATH` may come anywhere). The groups, with their rows'
+//! numbers and times measured on the shared 2-core machine at a load
+//! average of 13 (2026-12-01):
+//!
+//! | Group | Rows | What | Time |
+//! |---|---|---|---|
+//! | alloc+free | 1 | alloc+free 16 B .. 1 MiB, align 64: MklAllocator, MklSplitAllocator, System, mimalloc against raw MKL_malloc/MKL_free | 5 s |
+//! | small objects | 1b | alloc+free 16 B .. 4 KiB, align 8 (the split allocator's case) | 2 s |
+//! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 20 s |
+//! | hashbrown | 3 | 10^6 inserts | 5 s |
+//! | views | 4 | SharedMklVec views against Arc, RwLock, AtomicRefCell (1 and 2 threads); try_push | 6 s |
+//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, MklSplitAllocator with MKL defaults and with everything off, MklAllocator | 1.5-4 min |
+//! | huge pages | 6 | issue 10: Vec push 10^7 and first touch of 64 MiB, huge pages off / on via the API | 30 s |
+//! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 2 min |
+//! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 55 s |
+//! | huge stall | 8 | 256 MiB alloc+touch in fresh processes, three machine states | 30 s |
+//! | block cache | 9 | issue 15: the cache switched via the API in this process | 2 min |
+//! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc | 45 s |
+//! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 2-4 min |
+//! | config push 10^8 | 21 | Vec push to 10^8, the second push of a process (and the first) | 1.5-2.5 min |
+//!
+//! Configurations (issue 21). The `config` groups and the workload group
+//! run every measurement in a fresh child process: perf re-runs itself as
+//! `perf --child <kernel> <allocator> <args…>` (or a `workload_*` binary)
+//! with an environment that selects the configuration. "MKL defaults": no
+//! `MKL_ALLOC_*` variable at all (removed from the child's environment, so
+//! the library's defaults of the checkout apply, whatever perf itself was
+//! started with); "MKL everything off": `MKL_ALLOC_BLOCK_CACHE=off
+//! MKL_ALLOC_HUGE_PAGES=off`. System and mimalloc run in children too. The
+//! JSON's `configurations` records the block-cache budget and huge-page
+//! threshold each configuration's child saw. Groups 1-4 run in perf's own
+//! process, under its environment; groups 6, 7 and 9 set both policies
+//! through the API for each competitor and restore them after it.
+//!
+//! The whole-program workload (5) needs one binary per global allocator;
+//! perf runs them from its own directory (`target/release/examples/`). If
+//! they are missing and perf was started by `cargo run`, it builds them
+//! first with the same cargo; otherwise it prints the command and leaves
+//! those rows out.
+//!
+//! `PERF_VERBOSE=1` also prints every target's per-round ratios on stderr.
+//!
+//! Clocks: single-threaded rows are timed in the measuring thread's CPU
+//! time (user + system, `CLOCK_THREAD_CPUTIME_ID`), so time the (shared)
+//! machine gives to other processes does not count, while page faults and
+//! system calls made by the code measured do. The 2-thread rows are
+//! per-thread wall time (contention is what they measure). The workload
+//! rows show each child's CPU time (user + system, `getrusage`), wall time
+//! and peak RSS (`VmHWM`); the target uses CPU time. Resident growth
+//! (`vec![0.0; …]` rows) is `/proc/self/statm`'s resident size just before
+//! the free minus just before the allocation, in the child.
+//!
+//! Method: every group runs 3-41 rounds; in each round every competitor
+//! runs one batch, in an order shuffled afresh each round (fixed seed).
+//! In-process groups discard one warm-up round first; child processes
+//! start fresh every time, so every round counts. The table shows each
+//! competitor's median batch time per operation, and each ratio is the
+//! median of the per-round ratios (A and B measured moments apart).
+
+#[path = "../../benches/support/mod.rs"]
+mod support;
+
+mod classic;
+mod configs;
+mod harness;
+mod huge;
+mod report;
+mod stall;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde_json::json;
+
+use report::{Machine, Table};
+
+type Group = fn(&mut Table);
+
+/// Every group, in the order they run.
+const GROUPS: [(&str, Group); 14] = [
+    ("alloc+free", classic::alloc_free_group),
+    ("small objects", classic::small_objects_group),
+    ("Vec growth", classic::growth_group),
+    ("hashbrown", classic::hashbrown_group),
+    ("views", classic::views_group),
+    ("workload", workload::workload_group),
+    ("huge pages", huge::huge_pages_group),
+    ("huge 1GiB", huge::huge_1gib_group),
+    ("huge 1GiB reuse", huge::huge_reuse_group),
+    ("huge stall", stall::huge_stall_group),
+    ("block cache", huge::block_cache_group),
+    ("config small blocks", configs::small_blocks_group),
+    ("config big buffers", configs::big_buffers_group),
+    ("config push 10^8", configs::push_1e8_group),
+];
+
+/// `target/perf/results.json` in the `target/` this binary was built in
+/// (`target/release/examples/perf`).
+fn default_json() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.parent()?.join("perf/results.json")))
+        .unwrap_or_else(|| PathBuf::from("target/perf/results.json"))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        configs::child_main(&args[1..]);
+        return;
+    }
+    let mut json_path = default_json();
+    let mut words: Vec<String> = vec![];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json_path = PathBuf::from(it.next().expect("--json PATH")),
+            _ => words.push(a.clone()),
+        }
+    }
+    let start = Instant::now();
+    let mut machine = Machine::probe();
+    let mut t = Table::default();
+    // What groups 1-4 (this process) run under.
+    let or_off = |x: Option<usize>| x.map_or(json!(null), |v| json!(v));
+    let own_env: serde_json::Map<String, serde_json::Value> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("MKL_ALLOC_"))
+        .map(|(k, v)| (k, json!(v)))
+        .collect();
+    t.configurations.insert(
+        "perf's own process".into(),
+        json!({
+            "env": own_env,
+            "block_cache_budget": or_off(mkl_alloc::block_cache::budget()),
+            "huge_pages_threshold": or_off(mkl_alloc::huge_pages::threshold()),
+        }),
+    );
+    for (name, f) in GROUPS {
+        if !words.is_empty() && !words.iter().any(|w| name.contains(w.as_str())) {
+            continue;
+        }
+        let t0 = Instant::now();
+        t.group = name.to_string();
+        f(&mut t);
+        eprintln!("perf: {name} done in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+    machine.loadavg_end = report::loadavg();
+    let seconds = start.elapsed().as_secs_f64();
+    print!("{}", t.markdown(&machine));
+    println!("\nTotal time: {seconds:.1} s");
+    let doc = t.json(&machine, &args, seconds);
+    match report::write_json(&json_path, &doc) {
+        Ok(p) => eprintln!("perf: wrote {}", p.display()),
+        Err(e) => eprintln!("perf: cannot write {}: {e}", json_path.display()),
+    }
+}

@@ -1,0 +1,144 @@
+//! Group 5: the whole-program workload, one binary per global allocator
+//! (`examples/workload_*.rs`), each run a fresh process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::harness::{Env, Series, apply_env, field, order, parse_fields};
+use crate::report::Table;
+
+const WORKLOADS: [&str; 4] = ["system", "mimalloc", "mkl", "split"];
+
+/// The workload binaries next to this executable; built with the cargo that
+/// ran us if they are missing.
+fn workload_binaries() -> Option<Vec<PathBuf>> {
+    let dir = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    let paths: Vec<PathBuf> = WORKLOADS
+        .iter()
+        .map(|w| dir.join(format!("workload_{w}{}", std::env::consts::EXE_SUFFIX)))
+        .collect();
+    if paths.iter().all(|p| p.exists()) {
+        return Some(paths);
+    }
+    if let Ok(cargo) = std::env::var("CARGO") {
+        eprintln!("perf: building the workload_* examples with {cargo} …");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--release", "--manifest-path"])
+            .arg(manifest);
+        // `cargo run` gave us the package's OUT_DIR, CARGO_PKG_* &c.; passed
+        // on, build scripts that watch them (ring's does) would rebuild half
+        // the tree, here and again in the next ordinary build.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_CFG_")
+                || [
+                    "OUT_DIR",
+                    "CARGO_MANIFEST_LINKS",
+                    "CARGO_MANIFEST_DIR",
+                    "CARGO_MANIFEST_PATH",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_BIN_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                ]
+                .contains(&&*k)
+            {
+                cmd.env_remove(&*k);
+            }
+        }
+        for w in WORKLOADS {
+            cmd.args(["--example", &format!("workload_{w}")]);
+        }
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        if ok && paths.iter().all(|p| p.exists()) {
+            return Some(paths);
+        }
+    }
+    eprintln!(
+        "perf: the workload binaries are missing from {}; build them with\n    \
+         cargo build --release --examples\nthen run perf again.",
+        dir.display()
+    );
+    None
+}
+
+/// Runs one workload binary in `env`; returns (CPU ms, wall ms, peak
+/// RSS in KiB).
+fn run_workload(bin: &Path, env: Env, entries: usize) -> (f64, f64, f64) {
+    let mut cmd = Command::new(bin);
+    cmd.arg(entries.to_string());
+    apply_env(&mut cmd, env);
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    assert!(out.status.success(), "{} failed", bin.display());
+    let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
+    (
+        field(&f, "cpu_ms"),
+        field(&f, "time_ms"),
+        field(&f, "peak_rss_kib"),
+    )
+}
+
+/// The whole program under each global allocator: System, mimalloc,
+/// MklSplitAllocator with the library's defaults and with everything off
+/// (issue 21's configurations), and MklAllocator with the defaults.
+pub fn workload_group(t: &mut Table) {
+    const ROUNDS: usize = 5;
+    const OTHER_ROUNDS: usize = 2;
+    const ENTRIES: usize = 1_000_000;
+    let Some(bins) = workload_binaries() else {
+        let missing = Series::new("(not run: workload binaries missing)");
+        t.group("5. workload", "ms", &[missing], 0);
+        return;
+    };
+    // (name, binary: index into WORKLOADS, environment)
+    let who = [
+        ("System", 0, Env::Defaults),
+        ("mimalloc", 1, Env::Defaults),
+        (SPLIT_DEFAULTS, 3, Env::Defaults),
+        (SPLIT_OFF, 3, Env::AllOff),
+        ("MklAllocator, MKL defaults", 2, Env::Defaults),
+    ];
+    let new = || -> Vec<Series> { who.iter().map(|w| Series::new(w.0)).collect() };
+    let (mut times, mut walls, mut rss) = (new(), new(), new());
+    // No warm-up round: each run is a fresh process (the binaries are in
+    // the page cache after the first). The three the targets compare run
+    // in every round; mimalloc and pure MKL in the first OTHER_ROUNDS
+    // only, to stay under a minute.
+    for r in 0..ROUNDS {
+        let these: &[usize] = if r < OTHER_ROUNDS {
+            &[0, 1, 2, 3, 4]
+        } else {
+            &[0, 2, 3]
+        };
+        for j in order(these.len(), r) {
+            let i = these[j];
+            let (_, bin, env) = who[i];
+            let (cpu, wall, kib) = run_workload(&bins[bin], env, ENTRIES);
+            times[i].values.push(cpu);
+            walls[i].values.push(wall);
+            rss[i].values.push(kib / 1024.0);
+        }
+    }
+    t.group("5. workload CPU time (10^6 entries)", "ms", &times, 0);
+    t.group("5. workload wall time", "ms", &walls, 0);
+    t.group("5. workload peak RSS", "MiB", &rss, 0);
+    t.target(
+        "workload CPU time ≤ 1.05x System (split, MKL defaults)",
+        &times[2],
+        &times[0],
+        1.05,
+    );
+    t.target(
+        "workload peak RSS ≤ 1.1x System (split, MKL defaults)",
+        &rss[2],
+        &rss[0],
+        1.1,
+    );
+}
+
+const SPLIT_DEFAULTS: &str = "MklSplitAllocator, MKL defaults";
+const SPLIT_OFF: &str = "MklSplitAllocator, MKL everything off";
