@@ -57,9 +57,7 @@
 
 use core::ptr;
 
-use crate::allocator::{
-    MAX_ALIGN, MIN_ALIGN, raw_alloc, raw_alloc_advised, raw_alloc_zeroed, raw_free, raw_realloc,
-};
+use crate::allocator::{MAX_ALIGN, MIN_ALIGN, raw_alloc_headed, raw_free, raw_realloc};
 
 /// Blocks of up to this many bytes are rounded up to a multiple of 64 and
 /// cached in bins when freed (NumPy caches its blocks under 1024 bytes).
@@ -262,16 +260,10 @@ impl CHeap {
         let Some(total) = total_size(cap, self.align) else {
             return ptr::null_mut();
         };
-        // SAFETY: total > 0; the alignment is a power of two ≤ MAX_ALIGN.
-        let block = unsafe {
-            if self.advises(total) {
-                raw_alloc_advised(total, self.align, zeroed)
-            } else if zeroed {
-                raw_alloc_zeroed(total, self.align)
-            } else {
-                raw_alloc(total, self.align)
-            }
-        };
+        // SAFETY: total > 0 and the header (one alignment unit) is less
+        // than it; the alignment is a power of two ≤ MAX_ALIGN.
+        let block =
+            unsafe { raw_alloc_headed(total, self.align, self.align, self.advises(total), zeroed) };
         if block.is_null() {
             return block;
         }
@@ -285,7 +277,7 @@ impl CHeap {
     }
 
     /// Whether this heap wants a block of `total` bytes advised: its option
-    /// is on and the block is large enough (`raw_alloc_advised` then advises
+    /// is on and the block is large enough (`raw_alloc_headed` then advises
     /// it once, whether or not the global policy covers it too).
     fn advises(self, total: usize) -> bool {
         self.huge_pages && total >= HUGE_PAGE_THRESHOLD
