@@ -310,14 +310,14 @@ def numpy_chart(plt, doc, out):
     ]
     targets = {cats[0][0]: 0.95, cats[1][0]: 1.1}
     names = [NUMPY, H_DEFAULTS, H_OFF]
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 5.6), width_ratios=[1.5, 1, 1])
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 6.6), width_ratios=[1.5, 1, 1])
     ratio_panel(a1, doc, cats, names, "Time relative to NumPy's allocator", targets)
     z = [("np.zeros(2**26)", "`np.zeros(2**26)` (512 MiB)")]
-    title = "np.zeros(2**26), 512 MiB: create + drop"
+    title = "np.zeros(2**26), 512 MiB:\ncreate + drop"
     value_panel(a2, doc, z, names, title, "thread CPU time, ms (log scale)", "ms", log=True, limit=lambda b: 1.2 * b)
     zr = [("np.zeros(2**26)", "`np.zeros(2**26)`: resident growth")]
     xl = "resident set growth while the array lives (MiB)"
-    value_panel(a3, doc, zr, names, "np.zeros(2**26): resident growth", xl, "MiB", limit=lambda b: b + 16)
+    value_panel(a3, doc, zr, names, "np.zeros(2**26):\nresident growth", xl, "MiB", limit=lambda b: b + 16)
     for ax in (a2, a3):
         ax.set_yticks([])
     handles, labels = a2.get_legend_handles_labels()
@@ -328,7 +328,8 @@ def numpy_chart(plt, doc, out):
     what = f"NumPy {m.get('numpy', '?')} (Python {m.get('python', '?')}) under the mkl_alloc handler, with the library's defaults and with everything off"
     hp = "on" if m.get("numpy_madvise_hugepage") else "off"
     fig.suptitle(subtitle(doc, what) + f"\nNumPy's huge-page switch {hp}; each ratio pairs the handler with NumPy's allocator timed moments apart in one process", fontsize=10.5, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.98))
+    fig.tight_layout(rect=(0, 0.06, 1, 0.86))
+    fig.subplots_adjust(top=0.80)  # room for the three-line title above the panels' own
     save(fig, out, "numpy")
 
 
