@@ -12,6 +12,27 @@
 # side by side, each in its own target folder; its output in
 # target/miri-logs/MODEL.log, printed at the end)
 #
+# Then each model runs the tests that resize blocks (SharedMklVec's growth
+# and shrinks, collections, the C heap's realloc, tests/miri_modes.rs and
+# the emulation's own tests) once more in a mode of the emulation
+# (MKL_ALLOC_MIRI_MODE, see src/ffi/miri.rs), which walks branches the
+# default never takes; output in target/miri-logs/MODEL-MODE.log:
+# - in-place, under Stacked Borrows: MKL_realloc resizes in place where the
+#   block has room (every shrink; growth into room the emulation keeps
+#   behind each block), as MKL does for a shrink and a small growth: the
+#   crate's "resized in place" branches (RawBuf's growth keeping its pointer
+#   and MKL's count). Stacked Borrows because there the pointer handed out
+#   covers the block's current size only, so an overrun into the room is
+#   still reported; Tree Borrows would not see it.
+# - misaligned-realloc, under Stacked Borrows, only the tests that resize
+#   blocks aligned above 64: MKL_realloc moves every block to an address
+#   aligned to exactly 64, breaking MKL's contract on purpose, so that
+#   raw_realloc's realign path (src/allocator.rs) runs.
+# - exact-align, under Tree Borrows: every block at an address aligned to
+#   exactly its alignment (never to twice it), moved blocks too, so that
+#   nothing works by accidental extra alignment.
+# With --full, each model runs every mode.
+#
 # Needs a nightly toolchain; installs its miri component where missing and
 # says why it skips where there is no nightly. Tests run at small scale
 # (MKL_ALLOC_TEST_SCALE=small) and proptest with few cases (PROPTEST_CASES,
@@ -68,10 +89,11 @@ export PROPTEST_DISABLE_FAILURE_PERSISTENCE=true
 # classes, env parser, RawBuf, c_heap, the emulation itself), bad layouts,
 # collections on both allocators, SharedMklVec (views racing resizes,
 # exports through raw pointers, serde, edges), the split allocator, the
-# block cache, the C heap under NumPy's handler, and allocator-api2 0.4.
+# block cache, the C heap under NumPy's handler, allocator-api2 0.4, and
+# resizes in place or moved (miri_modes).
 tests=(
   alloc_bad_layouts alloc_collections shared_vec shared_vec_edges shared_vec_export
-  split_allocator block_cache c_heap allocator_api2_04
+  split_allocator block_cache c_heap allocator_api2_04 miri_modes
 )
 if [ "$full" = 1 ]; then
   # Beyond CI's budget: the global allocator binary, threads handing blocks
@@ -86,17 +108,42 @@ for t in "${tests[@]}"; do test_args+=(--test "$t"); done
 skip_args=()
 for s in "${skips[@]}"; do skip_args+=(--skip "$s"); done
 
+# The modes' selection (whole test binaries, besides the library's tests),
+# and misaligned-realloc's filters within it (test names with these).
+mode_tests=(shared_vec shared_vec_edges alloc_collections c_heap miri_modes)
+mode_args=(--lib)
+for t in "${mode_tests[@]}"; do mode_args+=(--test "$t"); done
+misaligned_filters=(ffi::miri alignment realloc grow_and_shrink)
+
 # -Zmiri-isolation-error=hide: a test that reads /proc (the machine's memory)
 # gets an error, as where /proc does not exist, and takes its fallback.
-base="-Zmiri-strict-provenance -Zmiri-isolation-error=hide -Zmiri-env-forward=MKL_ALLOC_TEST_SCALE -Zmiri-env-forward=PROPTEST_CASES -Zmiri-env-forward=PROPTEST_DISABLE_FAILURE_PERSISTENCE"
+# Miri's isolation hides the host's environment: each variable the tests
+# read is forwarded by name. MKL_ALLOC_MIRI_MODE is set by run_model only:
+# the main runs are in the default mode whatever the caller's environment.
+unset MKL_ALLOC_MIRI_MODE
+base="-Zmiri-strict-provenance -Zmiri-isolation-error=hide -Zmiri-env-forward=MKL_ALLOC_TEST_SCALE -Zmiri-env-forward=PROPTEST_CASES -Zmiri-env-forward=PROPTEST_DISABLE_FAILURE_PERSISTENCE -Zmiri-env-forward=MKL_ALLOC_MIRI_MODE"
 log_dir=target/miri-logs
 mkdir -p "$log_dir"
 
-# One model's run, its output in its log. Each model has its own target
-# folder, so that the two run side by side (one core each; Miri is one
-# thread).
-run_model() {
-  local model=$1 flags
+# The modes each model runs after its main run (see the top).
+modes_of() {
+  if [ "$full" = 1 ]; then
+    echo in-place misaligned-realloc exact-align
+  else
+    case "$1" in
+      stacked) echo in-place misaligned-realloc ;;
+      tree) echo exact-align ;;
+    esac
+  fi
+}
+
+# One run of `cargo miri test` under a model, its output in
+# target/miri-logs/NAME.log, its duration in NAME.seconds and its exit
+# status in NAME.status. Each model has its own target folder, so that the
+# two run side by side (one core each; Miri is one thread).
+run_tests() {
+  local model=$1 name=$2 flags
+  shift 2
   case "$model" in
     stacked) flags="$base" ;;
     tree) flags="$base -Zmiri-tree-borrows" ;;
@@ -106,10 +153,25 @@ run_model() {
   # appears when it finishes): where the time goes.
   MIRIFLAGS="$flags" CARGO_TARGET_DIR="target/miri-$model" \
     cargo +nightly miri test --no-fail-fast --features serde,bytemuck,allocator-api2-04 \
-    "${test_args[@]}" -- "${skip_args[@]}" 2>&1 |
+    "$@" 2>&1 |
     while IFS= read -r line; do printf '%4d %s\n' $((SECONDS - start)) "$line"; done \
-      >"$log_dir/$model.log" || status=$?
-  echo "$((SECONDS - start))" >"$log_dir/$model.seconds"
+      >"$log_dir/$name.log" || status=$?
+  echo "$((SECONDS - start))" >"$log_dir/$name.seconds"
+  echo "$status" >"$log_dir/$name.status"
+  return "$status"
+}
+
+# One model's runs: the selection in the default mode, then the mode runs
+# (the same build). Fails if any run failed; every run is made.
+run_model() {
+  local model=$1 status=0 mode
+  run_tests "$model" "$model" "${test_args[@]}" -- "${skip_args[@]}" || status=1
+  for mode in $(modes_of "$model"); do
+    local filters=()
+    [ "$mode" != misaligned-realloc ] || filters=("${misaligned_filters[@]}")
+    MKL_ALLOC_MIRI_MODE=$mode run_tests "$model" "$model-$mode" "${mode_args[@]}" -- \
+      "${filters[@]}" "${skip_args[@]}" || status=1
+  done
   return "$status"
 }
 
@@ -119,7 +181,9 @@ for model in "${models[@]}"; do
     *) echo "miri: unknown model $model (stacked or tree)" >&2; exit 2 ;;
   esac
 done
-echo "== Miri (${models[*]} borrows, side by side): ${tests[*]} and the unit tests"
+echo "== Miri (${models[*]} borrows, side by side): ${tests[*]} and the unit tests;"
+echo "   then in the emulation's modes: ${mode_tests[*]} and the unit tests"
+echo "   (misaligned-realloc: those named ${misaligned_filters[*]})"
 pids=()
 for model in "${models[@]}"; do
   run_model "$model" &
@@ -132,16 +196,20 @@ done
 
 summary=()
 for model in "${models[@]}"; do
-  log="$log_dir/$model.log"
-  echo "-- $model borrows ($log)"
-  # The failures in full; otherwise each binary's result line.
-  if [[ " ${failed[*]} " == *" $model "* ]]; then
-    cat "$log"
-  else
-    grep -aE '^ *[0-9]+ +(Running|test result)' "$log"
-  fi
-  passed=$(grep -ao 'test result: ok. [0-9]* passed' "$log" | grep -o '[0-9]* passed' | awk '{s+=$1} END {print s+0}')
-  summary+=("$model borrows: $passed tests passed in $(cat "$log_dir/$model.seconds")s")
+  for mode in default $(modes_of "$model"); do
+    name=$model
+    [ "$mode" = default ] || name="$model-$mode"
+    log="$log_dir/$name.log"
+    echo "-- $model borrows, $mode mode ($log)"
+    # A failed run in full; otherwise each binary's result line.
+    if [ "$(cat "$log_dir/$name.status")" != 0 ]; then
+      cat "$log"
+    else
+      grep -aE '^ *[0-9]+ +(Running|test result)' "$log"
+    fi
+    passed=$(grep -ao 'test result: ok. [0-9]* passed' "$log" | grep -o '[0-9]* passed' | awk '{s+=$1} END {print s+0}')
+    summary+=("$model borrows, $mode mode: $passed tests passed in $(cat "$log_dir/$name.seconds")s")
+  done
 done
 printf 'miri: %s\n' "${summary[@]}"
 if [ ${#failed[@]} -gt 0 ]; then
