@@ -1,4 +1,4 @@
-# Types of the Rust extension mkl_alloc._native (python/src/lib.rs), checked
+# Types of the Rust extension mkl_alloc._native (python/src/lib.rs and its modules), checked
 # against the built module by `python -m mypy.stubtest mkl_alloc`
 # (python/tests/test_typing.py). Users import these names from mkl_alloc.
 #

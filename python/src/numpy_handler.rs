@@ -30,7 +30,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyCapsule, PyInt};
+use pyo3::types::PyCapsule;
+
+use crate::mkl_memory::alignment_arg;
 
 /// The handler's name, as `numpy._core.multiarray.get_handler_name` reports it.
 const NAME: &[u8] = b"mkl_alloc";
@@ -141,26 +143,6 @@ unsafe extern "C" fn h_realloc(ctx: *mut c_void, ptr: *mut c_void, new_size: usi
 unsafe extern "C" fn h_free(_ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
     // SAFETY: as above.
     unsafe { c_heap::free(ptr.cast()) }
-}
-
-/// The alignment argument: a power of two in 1 ..= 2**30, else ValueError
-/// (TypeError for a non-int), as MKLMemory's.
-fn alignment_arg(what: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if !value.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
-            "{what}(alignment=...): the alignment must be an int, not {}",
-            value.get_type().name()?
-        )));
-    }
-    match value.extract::<i64>() {
-        Ok(a) if a > 0 && (a as u64).is_power_of_two() && a as u64 <= MAX_ALIGN as u64 => {
-            Ok(a as usize)
-        }
-        _ => Err(PyValueError::new_err(format!(
-            "{what}(alignment={value}): the alignment must be a power of two \
-             from 1 to 2**30 ({MAX_ALIGN}); MKL cannot honour other values"
-        ))),
-    }
 }
 
 /// The capsule of the handler for `align` (a valid alignment).
@@ -296,12 +278,4 @@ pub fn set_numpy_handler<'py>(
             core::mem::transmute(*table.add(SLOT_SET_HANDLER));
         Bound::from_owned_ptr_or_err(py, set(raw))
     }
-}
-
-/// Adds the handler's functions to the module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(numpy_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(set_numpy_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::dlpack::_is_mkl_dlpack, m)?)?;
-    Ok(())
 }
