@@ -25,6 +25,12 @@ use pyo3::prelude::*;
 /// `__all__` (PyO3 lists them in `_native.__all__` as they are added).
 #[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Before any user code can start threads or fork: read the crate's
+    // policies, register its fork handlers, and have libmkl_rt resolve every
+    // MKL entry point the crate calls. libmkl_rt resolves an entry at its
+    // first call under an internal spin lock; a process forked while another
+    // thread held it (making its first MKLMemory, say) hangs in the child.
+    mkl_alloc::manager::init();
     m.add_class::<mkl_memory::MKLMemory>()?;
     m.add_function(wrap_pyfunction!(memory_manager::_mem_stat, m)?)?;
     m.add_function(wrap_pyfunction!(memory_manager::peak_mem_usage, m)?)?;
