@@ -281,9 +281,13 @@ def numpy_memory(alignment: int = 64) -> AbstractContextManager[CapsuleType]:
     handler in force before is back. Contexts nest. Arrays made inside stay
     valid after the block and may be freed on any thread.
 
-    Threads started inside the block start on NumPy's default handler
-    (before CPython 3.14's ``thread_inherit_context``): enter
-    ``numpy_memory()`` in each thread. ``alignment`` is checked at once
+    A new thread starts on NumPy's default handler, also one started inside
+    the block: enter ``numpy_memory()`` in each thread. The exception is a
+    thread started while ``sys.flags.thread_inherit_context`` is true
+    (CPython 3.14 and later; on by default only in free-threaded builds,
+    else with ``-X thread_inherit_context=1`` or
+    ``PYTHON_THREAD_INHERIT_CONTEXT=1``): it starts on a copy of its
+    starter's context, handler included. ``alignment`` is checked at once
     (``ValueError`` for anything but a power of two from 1 to 2**30).
     """
     return _NumpyMemory(numpy_handler(alignment))

@@ -9,6 +9,8 @@
 //! (`numpy._core.multiarray._get_madvise_hugepage()`) is on: the switch is
 //! read each time the handler is installed (`set_numpy_handler`,
 //! `numpy_memory`) and applies to that alignment's handler from then on.
+//! (The crate's global huge-page policy, on by default from 4 MiB, advises
+//! large blocks whatever the switch; the switch matters where it is off.)
 //!
 //! One handler (a static struct) and one capsule (kept for ever) per
 //! alignment 2^0 ..= 2^30, so `numpy_handler(a)` is the same object on every
@@ -236,7 +238,9 @@ fn ours(handler: *const c_void) -> Option<usize> {
 /// handler reads NumPy's huge-page switch
 /// (``numpy._core.multiarray._get_madvise_hugepage()``): while it is on,
 /// that handler advises its blocks of 4 MiB and more onto huge pages, as
-/// NumPy's default does.
+/// NumPy's default does. The library's own huge-page policy
+/// (``MKL_ALLOC_HUGE_PAGES``, on by default from 4 MiB) advises large MKL
+/// blocks, the handler's included, whatever NumPy's switch says.
 #[pyfunction]
 pub fn set_numpy_handler<'py>(
     py: Python<'py>,

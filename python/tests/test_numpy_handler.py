@@ -218,7 +218,9 @@ def test_eight_threads_each_in_its_own_context_freed_on_other_threads():
 
     def work(i):
         try:
-            # A new thread starts on NumPy's default handler (before 3.14).
+            # A new thread starts on NumPy's default handler, unless
+            # sys.flags.thread_inherit_context (3.14+, default only when
+            # free-threaded) gives it a copy of its starter's context.
             assert get_handler_name() in ("default_allocator", "mkl_alloc")
             alignment = 64 << i
             with numpy_memory(alignment):
