@@ -8,12 +8,14 @@
 //! | [`dlpack`] | the DLPack capsules `MKLMemory.__dlpack__` returns; `_is_mkl_dlpack` |
 //! | [`memory_manager`] | `_mem_stat` (behind `mkl_alloc.mem_stat`), `peak_mem_usage`, `free_buffers`: MKL's memory manager as mkl-service exposes it |
 //! | [`numpy_handler`] | `numpy_handler`, `set_numpy_handler`: NumPy's data on MKL memory (NEP 49) |
+//! | [`fork_gate`] | none: keeps `fork` from landing inside the MKL calls made with the interpreter detached |
 //!
 //! The Python part (`mkl_alloc/__init__.py`) wraps these; the stub
 //! `mkl_alloc/_native.pyi` types them.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod dlpack;
+mod fork_gate;
 mod memory_manager;
 mod mkl_memory;
 mod numpy_handler;
@@ -31,6 +33,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // first call under an internal spin lock; a process forked while another
     // thread held it (making its first MKLMemory, say) hangs in the child.
     mkl_alloc::manager::init();
+    // MKL's own memory manager has per-thread locks and no fork handler: a
+    // fork waits until no thread is inside an MKL call made detached.
+    fork_gate::register().map_err(|rc| {
+        pyo3::exceptions::PyOSError::new_err(format!(
+            "mkl_alloc: pthread_atfork(), registering the handlers that keep fork out of \
+             MKL's memory manager, failed with error {rc}"
+        ))
+    })?;
     m.add_class::<mkl_memory::MKLMemory>()?;
     m.add_function(wrap_pyfunction!(memory_manager::_mem_stat, m)?)?;
     m.add_function(wrap_pyfunction!(memory_manager::peak_mem_usage, m)?)?;

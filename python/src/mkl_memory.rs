@@ -22,7 +22,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyInt, PyTuple};
 
-use crate::dlpack;
+use crate::{dlpack, fork_gate};
 
 /// MKL-allocated memory exported to Python through the buffer protocol and DLPack.
 ///
@@ -188,7 +188,7 @@ impl MKLMemory {
             )));
         }
         let mut vec = py
-            .detach(|| SharedMklVec::<u8>::zeroed_with_alignment(len, align))
+            .detach(|| fork_gate::pass(|| SharedMklVec::<u8>::zeroed_with_alignment(len, align)))
             .map_err(|e| vec_error("MKLMemory(source)", e))?;
         let dst = vec.as_mut_ptr();
         // SAFETY: `buffer` stays held (exported) for the whole copy, so its
@@ -258,7 +258,7 @@ impl MKLMemory {
         if source.is_instance_of::<PyInt>() {
             let n = size_arg(source, SizeOf::New)?;
             let vec = py
-                .detach(|| SharedMklVec::<u8>::zeroed_with_alignment(n, align))
+                .detach(|| fork_gate::pass(|| SharedMklVec::<u8>::zeroed_with_alignment(n, align)))
                 .map_err(|e| vec_error(&format!("MKLMemory({n})"), e))?;
             Ok(Self { vec: Arc::new(vec) })
         } else {
@@ -314,7 +314,7 @@ impl MKLMemory {
     /// unchanged. The copy runs without holding the interpreter.
     fn realloc(&self, py: Python<'_>, new_nbytes: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = size_arg(new_nbytes, SizeOf::Realloc)?;
-        py.detach(|| self.vec.try_resize_exact(n, 0))
+        py.detach(|| fork_gate::pass(|| self.vec.try_resize_exact(n, 0)))
             .map_err(|e| vec_error(&format!("MKLMemory.realloc({n})"), e))
     }
 
@@ -423,7 +423,7 @@ impl MKLMemory {
             // refused rather than racing it.
             let vec = &slf.get().vec;
             let clone = py
-                .detach(|| vec.try_clone())
+                .detach(|| fork_gate::pass(|| vec.try_clone()))
                 .map_err(|e| vec_error("MKLMemory.__dlpack__(copy=True)", e))?;
             SharedMklVec::export(&Arc::new(clone))
                 .map_err(|e| vec_error("MKLMemory.__dlpack__(copy=True)", e))?
