@@ -18,6 +18,9 @@
 //! copy-construction, `realloc` and DLPack copy, and `free_buffers`. Those
 //! pass the gate. (The NumPy handler's functions run with the GIL held; on
 //! free-threaded CPython they, and frees on any thread, would need it too.)
+//! Not covered either: MKL's own clean-up when a thread that called it
+//! exits (`mm_cleanup_thread_cbk`, which takes the same locks, without the
+//! GIL), nor MKL calls by other libraries in the process.
 //!
 //! Passing costs one atomic add and subtract on a counter of the thread's
 //! own (one of [`SHARDS`], each on its own cache line), and a load of the
