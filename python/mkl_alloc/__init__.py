@@ -297,7 +297,7 @@ def _handler_name(a: npt.NDArray[Any]) -> str | None:
     try:
         from numpy._core.multiarray import get_handler_name
     except ImportError:  # NumPy 1.x
-        from numpy.core.multiarray import get_handler_name  # type: ignore[no-redef]
+        from numpy.core.multiarray import get_handler_name  # type: ignore[no-redef, unused-ignore]
     return get_handler_name(a)
 
 
