@@ -32,6 +32,7 @@ memory (a NEP 49 data-memory handler); see their docstrings.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, SupportsIndex, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -97,9 +98,7 @@ class _MklCounts(NamedTuple):
     allocated_buffers: int
 
 
-# A tuple with an instance __dict__: a layout no other base can share (PEP 800).
-@disjoint_base
-class MemStat(_MklCounts):
+class _MemStat(_MklCounts):
     """What MKL's memory manager holds, and how much of it the program holds.
 
     A tuple of MKL's two counts, ``(allocated_bytes, allocated_buffers)``, so
@@ -127,9 +126,11 @@ class MemStat(_MklCounts):
     """
 
     # The cache's counts: a private tuple in the instance's __dict__ (a tuple
-    # subclass cannot have slots), set once in __new__; read-only after. The
-    # class's (0, 0) stands for it in an instance made without __new__
-    # (namedtuple's _make, as _make([bytes, buffers])).
+    # subclass cannot have slots of its own; MemStat below has the dict),
+    # set once in __new__, read-only after. The class's (0, 0) stands for it
+    # in an instance made without __new__ (namedtuple's _make, as
+    # _make([bytes, buffers])).
+    __slots__ = ()
     _cached: tuple[int, int] = (0, 0)
 
     def __new__(
@@ -206,6 +207,22 @@ class MemStat(_MklCounts):
             value: int = getattr(self, key)
             return value
         return tuple.__getitem__(self, key)
+
+
+# MemStat is _MemStat with an instance __dict__ (for _cached). Before
+# CPython 3.12 that dict gives the tuple a layout no other base can share
+# (PEP 800's disjoint base, which stubtest checks); from 3.12 on the dict is
+# managed outside the instance and the layout is the tuple's.
+if sys.version_info >= (3, 12):
+
+    class MemStat(_MemStat):
+        __doc__ = _MemStat.__doc__ or ""
+
+else:
+
+    @disjoint_base
+    class MemStat(_MemStat):
+        __doc__ = _MemStat.__doc__ or ""
 
 
 def mem_stat() -> MemStat:
