@@ -11,7 +11,19 @@ so the count and the realloc cannot race, with or without the GIL.
 
 The module functions ``mem_stat()``, ``peak_mem_usage(mem_const)`` and
 ``free_buffers()`` mirror mkl-service's functions of the same names and act
-on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``).
+on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``); ``mem_stat()``
+also tells the freed blocks the block cache keeps apart from the memory the
+program holds (``live_bytes``).
+
+Importing the package sets up the crate's process-wide state before user
+code can start threads or fork (``mkl_alloc::manager::init``): it reads
+``MKL_ALLOC_BLOCK_CACHE`` and ``MKL_ALLOC_HUGE_PAGES``, registers the fork
+handlers that keep the block cache consistent in a child, and calls each
+MKL entry point the package uses once, so that a child forked while other
+threads allocate never waits on libmkl_rt's lazy resolution. That call
+allocates and frees one small MKL block, so mkl-service's
+``disable_fast_mm()`` has to come before ``import mkl_alloc`` to take
+effect (``MKL_DISABLE_FAST_MM=1`` in the environment works either way).
 
 ``numpy_handler``, ``set_numpy_handler``, ``numpy_memory`` and
 ``is_mkl_array`` put the data of the arrays NumPy itself allocates on MKL
@@ -20,6 +32,7 @@ memory (a NEP 49 data-memory handler); see their docstrings.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, SupportsIndex, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -27,7 +40,12 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     import numpy.typing as npt
-    from typing_extensions import Buffer, CapsuleType
+    from typing_extensions import Buffer, CapsuleType, Self, disjoint_base
+else:
+
+    def disjoint_base(cls: type) -> type:
+        """typing_extensions.disjoint_base (PEP 800) for type checkers only."""
+        return cls
 
 
 def _load_mkl_rt() -> None:
@@ -73,15 +91,107 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-class MemStat(NamedTuple):
-    """What MKL's memory manager has allocated: ``(bytes, buffers)``.
-
-    A tuple, so ``nbytes, nbuffers = mem_stat()`` works; it can also be
-    read by mkl-service's dict keys: ``mem_stat()["allocated_bytes"]``.
-    """
+class _MklCounts(NamedTuple):
+    """MemStat's tuple part: MKL's two counts, as mkl-service reports them."""
 
     allocated_bytes: int
     allocated_buffers: int
+
+
+class _MemStat(_MklCounts):
+    """What MKL's memory manager holds, and how much of it the program holds.
+
+    A tuple of MKL's two counts, ``(allocated_bytes, allocated_buffers)``, so
+    ``nbytes, nbuffers = mem_stat()`` works and two ``MemStat`` compare by
+    those counts; it can also be read by mkl-service's dict keys:
+    ``mem_stat()["allocated_bytes"]``. Besides the tuple, attributes:
+
+    - ``allocated_bytes``, ``allocated_buffers``: every block MKL counts
+      (``MKL_Mem_Stat``), including freed blocks of 1 MiB or more that the
+      block cache keeps for reuse (on by default; ``free_buffers()`` gives
+      them back, and the cache gives back on its own those left unused);
+    - ``cached_bytes``, ``cached_buffers``: of these, the block cache's;
+    - ``live_bytes``, ``live_buffers``: the rest, **the memory the program
+      holds**: ``allocated_bytes - cached_bytes`` and
+      ``allocated_buffers - cached_buffers``. ``live_bytes`` still counts,
+      for each cached block, what MKL counts beyond the block's own bytes:
+      its bookkeeping (tens of bytes) and, for a block on huge pages
+      (4 MiB and more by default), the 2 MiB of alignment it was asked
+      with; and both count the small blocks (up to 1024 bytes) that the
+      NumPy handler keeps in its bins for reuse.
+
+    The two counts and the cache's are read one after the other: while other
+    threads allocate or free, they may be a moment apart (``live_*`` never
+    goes below 0).
+    """
+
+    # The cache's counts: a private tuple in the instance's __dict__ (a tuple
+    # subclass cannot have slots of its own; MemStat below has the dict),
+    # set once in __new__, read-only after. The class's (0, 0) stands for it
+    # in an instance made without __new__ (namedtuple's _make, as
+    # _make([bytes, buffers])).
+    __slots__ = ()
+    _cached: tuple[int, int] = (0, 0)
+
+    def __new__(
+        cls,
+        allocated_bytes: int,
+        allocated_buffers: int,
+        cached_bytes: int = 0,
+        cached_buffers: int = 0,
+    ) -> Self:
+        self = super().__new__(cls, allocated_bytes, allocated_buffers)
+        object.__setattr__(self, "_cached", (cached_bytes, cached_buffers))
+        return self
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of freed blocks the block cache keeps (counted by MKL)."""
+        return self._cached[0]
+
+    @property
+    def cached_buffers(self) -> int:
+        """Blocks the block cache keeps (counted by MKL)."""
+        return self._cached[1]
+
+    @property
+    def live_bytes(self) -> int:
+        """Memory the program holds: MKL's bytes less the cached ones."""
+        return max(self.allocated_bytes - self.cached_bytes, 0)
+
+    @property
+    def live_buffers(self) -> int:
+        """Blocks in use: MKL's blocks less the cached ones."""
+        return max(self.allocated_buffers - self.cached_buffers, 0)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"MemStat is read-only: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"MemStat is read-only: cannot delete {name!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"MemStat(allocated_bytes={self.allocated_bytes}, "
+            f"allocated_buffers={self.allocated_buffers}, "
+            f"cached_bytes={self.cached_bytes}, cached_buffers={self.cached_buffers})"
+        )
+
+    def __reduce__(self) -> tuple[type[Self], tuple[int, int, int, int]]:
+        return (type(self), (*self, *self._cached))
+
+    def _replace(self, **changes: Any) -> Self:
+        """A copy with some of the four counts changed."""
+        fields = {
+            "allocated_bytes": self.allocated_bytes,
+            "allocated_buffers": self.allocated_buffers,
+            "cached_bytes": self.cached_bytes,
+            "cached_buffers": self.cached_buffers,
+        }
+        unknown = changes.keys() - fields.keys()
+        if unknown:
+            raise ValueError(f"MemStat._replace: unknown field(s) {sorted(unknown)}")
+        return type(self)(**{**fields, **changes})
 
     @overload
     def __getitem__(self, key: SupportsIndex) -> int: ...
@@ -91,7 +201,7 @@ class MemStat(NamedTuple):
     def __getitem__(self, key: str) -> int: ...
     def __getitem__(self, key: SupportsIndex | slice | str) -> int | tuple[int, ...]:
         if isinstance(key, str):
-            # Only the two field names: not the tuple's other attributes.
+            # Only mkl-service's two keys: not the tuple's other attributes.
             if key not in self._fields:
                 raise KeyError(key)
             value: int = getattr(self, key)
@@ -99,13 +209,33 @@ class MemStat(NamedTuple):
         return tuple.__getitem__(self, key)
 
 
+# MemStat is _MemStat with an instance __dict__ (for _cached). Before
+# CPython 3.12 that dict gives the tuple a layout no other base can share
+# (PEP 800's disjoint base, which stubtest checks); from 3.12 on the dict is
+# managed outside the instance and the layout is the tuple's.
+if sys.version_info >= (3, 12):
+
+    class MemStat(_MemStat):
+        __doc__ = _MemStat.__doc__ or ""
+
+else:
+
+    @disjoint_base
+    class MemStat(_MemStat):
+        __doc__ = _MemStat.__doc__ or ""
+
+
 def mem_stat() -> MemStat:
-    """mem_stat() -> MemStat(allocated_bytes, allocated_buffers)
+    """mem_stat() -> MemStat(allocated_bytes, allocated_buffers), with
+    ``cached_bytes``, ``cached_buffers``, ``live_bytes``, ``live_buffers``
 
     Bytes and blocks MKL's memory manager has allocated right now
-    (``MKL_Mem_Stat``), including every ``MKLMemory``'s block. As
-    mkl-service's ``mkl.mem_stat()``, which returns the same two numbers as
-    a dict with these keys.
+    (``MKL_Mem_Stat``), including every ``MKLMemory``'s block and the freed
+    blocks the block cache keeps for reuse, which ``cached_bytes`` and
+    ``cached_buffers`` count apart. **The memory the program holds is
+    ``live_bytes``** (``allocated_bytes - cached_bytes``). The tuple is the
+    same two numbers as mkl-service's ``mkl.mem_stat()``, which returns them
+    as a dict with these keys. See ``MemStat``.
     """
     return MemStat(*_mem_stat())
 
@@ -168,9 +298,13 @@ def numpy_memory(alignment: int = 64) -> AbstractContextManager[CapsuleType]:
     handler in force before is back. Contexts nest. Arrays made inside stay
     valid after the block and may be freed on any thread.
 
-    Threads started inside the block start on NumPy's default handler
-    (before CPython 3.14's ``thread_inherit_context``): enter
-    ``numpy_memory()`` in each thread. ``alignment`` is checked at once
+    A new thread starts on NumPy's default handler, also one started inside
+    the block: enter ``numpy_memory()`` in each thread. The exception is a
+    thread started while ``sys.flags.thread_inherit_context`` is true
+    (CPython 3.14 and later; on by default only in free-threaded builds,
+    else with ``-X thread_inherit_context=1`` or
+    ``PYTHON_THREAD_INHERIT_CONTEXT=1``): it starts on a copy of its
+    starter's context, handler included. ``alignment`` is checked at once
     (``ValueError`` for anything but a power of two from 1 to 2**30).
     """
     return _NumpyMemory(numpy_handler(alignment))
@@ -180,7 +314,7 @@ def _handler_name(a: npt.NDArray[Any]) -> str | None:
     try:
         from numpy._core.multiarray import get_handler_name
     except ImportError:  # NumPy 1.x
-        from numpy.core.multiarray import get_handler_name  # type: ignore[no-redef]
+        from numpy.core.multiarray import get_handler_name  # type: ignore[no-redef, unused-ignore]
     return get_handler_name(a)
 
 

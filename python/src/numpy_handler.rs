@@ -9,6 +9,8 @@
 //! (`numpy._core.multiarray._get_madvise_hugepage()`) is on: the switch is
 //! read each time the handler is installed (`set_numpy_handler`,
 //! `numpy_memory`) and applies to that alignment's handler from then on.
+//! (The crate's global huge-page policy, on by default from 4 MiB, advises
+//! large blocks whatever the switch; the switch matters where it is off.)
 //!
 //! One handler (a static struct) and one capsule (kept for ever) per
 //! alignment 2^0 ..= 2^30, so `numpy_handler(a)` is the same object on every
@@ -30,7 +32,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyCapsule, PyInt};
+use pyo3::types::PyCapsule;
+
+use crate::mkl_memory::alignment_arg;
 
 /// The handler's name, as `numpy._core.multiarray.get_handler_name` reports it.
 const NAME: &[u8] = b"mkl_alloc";
@@ -143,26 +147,6 @@ unsafe extern "C" fn h_free(_ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
     unsafe { c_heap::free(ptr.cast()) }
 }
 
-/// The alignment argument: a power of two in 1 ..= 2**30, else ValueError
-/// (TypeError for a non-int), as MKLMemory's.
-fn alignment_arg(what: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if !value.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
-            "{what}(alignment=...): the alignment must be an int, not {}",
-            value.get_type().name()?
-        )));
-    }
-    match value.extract::<i64>() {
-        Ok(a) if a > 0 && (a as u64).is_power_of_two() && a as u64 <= MAX_ALIGN as u64 => {
-            Ok(a as usize)
-        }
-        _ => Err(PyValueError::new_err(format!(
-            "{what}(alignment={value}): the alignment must be a power of two \
-             from 1 to 2**30 ({MAX_ALIGN}); MKL cannot honour other values"
-        ))),
-    }
-}
-
 /// The capsule of the handler for `align` (a valid alignment).
 fn capsule(py: Python<'_>, align: usize) -> PyResult<&'static Py<PyCapsule>> {
     let shift = align.trailing_zeros() as usize;
@@ -254,7 +238,9 @@ fn ours(handler: *const c_void) -> Option<usize> {
 /// handler reads NumPy's huge-page switch
 /// (``numpy._core.multiarray._get_madvise_hugepage()``): while it is on,
 /// that handler advises its blocks of 4 MiB and more onto huge pages, as
-/// NumPy's default does.
+/// NumPy's default does. The library's own huge-page policy
+/// (``MKL_ALLOC_HUGE_PAGES``, on by default from 4 MiB) advises large MKL
+/// blocks, the handler's included, whatever NumPy's switch says.
 #[pyfunction]
 pub fn set_numpy_handler<'py>(
     py: Python<'py>,
@@ -296,12 +282,4 @@ pub fn set_numpy_handler<'py>(
             core::mem::transmute(*table.add(SLOT_SET_HANDLER));
         Bound::from_owned_ptr_or_err(py, set(raw))
     }
-}
-
-/// Adds the handler's functions to the module.
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(numpy_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(set_numpy_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(crate::dlpack::_is_mkl_dlpack, m)?)?;
-    Ok(())
 }

@@ -66,3 +66,34 @@ def require(module):
     if os.environ.get("CI") == "true":
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=f"{module} is not installed (see python/README.md)")
+
+
+MiB = 1 << 20
+
+
+def block_cache_on():
+    """Whether the crate's block cache keeps freed blocks of 1 MiB and more,
+    as MKL_ALLOC_BLOCK_CACHE sets it: on unless "off" or "0" (unset, empty,
+    "on" or a byte count: on; any other value keeps the default, on)."""
+    return os.environ.get("MKL_ALLOC_BLOCK_CACHE", "") not in ("off", "0")
+
+
+def huge_page_threshold():
+    """The smallest block the crate's huge-page policy asks of MKL at a
+    2 MiB boundary (MKL then counts the 2 MiB of alignment in mem_stat()),
+    as MKL_ALLOC_HUGE_PAGES sets it: 4 MiB when unset, empty or "on" (and
+    for any value it does not understand), None when "off" or "0", else the
+    byte count it holds."""
+    value = os.environ.get("MKL_ALLOC_HUGE_PAGES", "")
+    if value in ("off", "0"):
+        return None
+    if value.isdigit():
+        return int(value)
+    return 4 * MiB
+
+
+def huge_page_pad(nbytes):
+    """What MKL counts beyond ``nbytes`` for the alignment of a block the
+    crate's huge-page policy covers: 2 MiB, or 0."""
+    threshold = huge_page_threshold()
+    return 2 * MiB if threshold is not None and nbytes >= threshold else 0

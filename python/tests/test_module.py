@@ -1,12 +1,17 @@
 """The module functions mirroring mkl-service's (names and meanings)."""
 
+import copy
+import pickle
+
 import pytest
+from conftest import block_cache_on
 
 import mkl_alloc
 from mkl_alloc import MKLMemory
 
 
 def test_mem_stat_counts_mklmemory_blocks():
+    mkl_alloc.free_buffers()  # no cached block that could serve m
     before = mkl_alloc.mem_stat()
     nbytes, nbuffers = before
     assert isinstance(nbytes, int) and isinstance(nbuffers, int)
@@ -15,8 +20,61 @@ def test_mem_stat_counts_mklmemory_blocks():
     # MKL counts each block with its own bookkeeping (88 bytes were observed).
     assert 1 << 20 <= during.allocated_bytes - before.allocated_bytes < (1 << 20) + 4096
     assert during.allocated_buffers - before.allocated_buffers == 1
+    assert during.live_bytes - before.live_bytes == during.allocated_bytes - before.allocated_bytes
     del m
+    after = mkl_alloc.mem_stat()
+    # A freed block of 1 MiB or more stays in MKL's count while the block
+    # cache keeps it: counted apart, and no longer live.
+    if block_cache_on():
+        assert after == during
+        assert (after.cached_bytes, after.cached_buffers) == (1 << 20, 1)
+    else:
+        assert after == before
+    assert after.live_buffers == before.live_buffers
+    assert 0 <= after.live_bytes - before.live_bytes < 4096  # MKL's bookkeeping
+    mkl_alloc.free_buffers()
     assert mkl_alloc.mem_stat() == before
+    assert mkl_alloc.mem_stat().cached_bytes == 0
+
+
+def test_mem_stat_tells_cached_from_live_bytes():
+    mkl_alloc.free_buffers()
+    s = mkl_alloc.mem_stat()
+    assert (s.cached_bytes, s.cached_buffers) == (0, 0)
+    assert (s.live_bytes, s.live_buffers) == tuple(s)
+    blocks = [MKLMemory(n * (1 << 20)) for n in (2, 3)]
+    held = mkl_alloc.mem_stat()
+    del blocks
+    s = mkl_alloc.mem_stat()
+    assert s.live_bytes == s.allocated_bytes - s.cached_bytes
+    assert s.live_buffers == s.allocated_buffers - s.cached_buffers
+    if block_cache_on():
+        assert s == held and s.cached_buffers == 2 and s.cached_bytes == 5 << 20
+        assert s.live_bytes < held.live_bytes - (5 << 20) + 4096
+    else:
+        assert s.cached_bytes == 0
+    assert repr(s) == (
+        f"MemStat(allocated_bytes={s[0]}, allocated_buffers={s[1]}, "
+        f"cached_bytes={s.cached_bytes}, cached_buffers={s.cached_buffers})"
+    )
+    mkl_alloc.free_buffers()
+
+
+def test_mem_stat_is_a_read_only_record_that_copies_whole():
+    s = mkl_alloc.MemStat(100, 3, 40, 1)
+    assert len(s) == 2 and tuple(s) == (100, 3) and s == (100, 3)
+    assert (s.cached_bytes, s.cached_buffers, s.live_bytes, s.live_buffers) == (40, 1, 60, 2)
+    assert s._asdict() == {"allocated_bytes": 100, "allocated_buffers": 3}
+    for copied in (pickle.loads(pickle.dumps(s)), copy.copy(s), copy.deepcopy(s),
+                   s._replace()):
+        assert type(copied) is mkl_alloc.MemStat and repr(copied) == repr(s)
+    assert s._replace(cached_bytes=0).live_bytes == 100
+    assert mkl_alloc.MemStat._make([5, 1]).cached_bytes == 0
+    for name in ["allocated_bytes", "cached_bytes", "live_bytes", "other"]:
+        with pytest.raises(AttributeError):
+            setattr(s, name, 0)
+    # Read a moment apart from MKL's counts, the cache's may exceed them.
+    assert mkl_alloc.MemStat(10, 1, 20, 2).live_bytes == 0
 
 
 def test_mem_stat_reads_like_mkl_services_dict_too():
@@ -29,10 +87,15 @@ def test_mem_stat_reads_like_mkl_services_dict_too():
 
 
 def test_peak_mem_usage_tracks_growth():
+    # MKL's peak is the growth of its count from "enable" on: no block that
+    # existed before may be freed while it tracks (the peak stays wrong
+    # after), and m's block must leave MKL's count, not the block cache's.
+    mkl_alloc.free_buffers()
     assert mkl_alloc.peak_mem_usage("enable") is not None
     m = MKLMemory(2 << 20)
     assert mkl_alloc.peak_mem_usage("peak_mem") >= 2 << 20
     del m
+    mkl_alloc.free_buffers()
     assert mkl_alloc.peak_mem_usage("peak_mem_reset") >= 2 << 20
     assert mkl_alloc.peak_mem_usage("peak_mem") < 2 << 20
     mkl_alloc.peak_mem_usage("disable")

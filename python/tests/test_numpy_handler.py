@@ -3,12 +3,16 @@ set_numpy_handler, numpy_memory, is_mkl_array)."""
 
 import asyncio
 import gc
+import inspect
 import os
+import subprocess
+import sys
 import threading
 
 import mkl  # mkl-service
 import numpy as np
 import pytest
+from conftest import huge_page_pad, huge_page_threshold
 
 import mkl_alloc
 from mkl_alloc import (
@@ -214,7 +218,9 @@ def test_eight_threads_each_in_its_own_context_freed_on_other_threads():
 
     def work(i):
         try:
-            # A new thread starts on NumPy's default handler (before 3.14).
+            # A new thread starts on NumPy's default handler, unless
+            # sys.flags.thread_inherit_context (3.14+, default only when
+            # free-threaded) gives it a copy of its starter's context.
             assert get_handler_name() in ("default_allocator", "mkl_alloc")
             alignment = 64 << i
             with numpy_memory(alignment):
@@ -312,9 +318,10 @@ def test_mem_stat_agrees_with_mkl_service_and_free_buffers_gives_back():
         assert dict(mkl_alloc.mem_stat()._asdict()) == during
         grew = during["allocated_bytes"] - before["allocated_bytes"]
         # MKL counts a block's alignment padding; a block the handler puts
-        # on huge pages (NumPy's switch, >= 4 MiB) is asked at 2 MiB.
+        # on huge pages (NumPy's switch or the crate's policy, >= 4 MiB) is
+        # asked at 2 MiB.
         from numpy._core.multiarray import _get_madvise_hugepage
-        pad = 2 * MiB if _get_madvise_hugepage() else 0
+        pad = 2 * MiB if _get_madvise_hugepage() or huge_page_pad(8 * MiB) else 0
         assert 8 * MiB <= grew <= 8 * MiB + pad + 8192, grew
         smalls = [np.empty(n) for n in range(1, 100)]
     del a, smalls
@@ -338,25 +345,57 @@ def _vm_flags(addr):
     raise AssertionError(f"no mapping holds {addr:#x}")
 
 
-@pytest.mark.skipif(
+needs_thp = pytest.mark.skipif(
     not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
     reason="the kernel has no transparent huge pages",
 )
+
+# In a process of its own, with the crate's huge-page policy off
+# (MKL_ALLOC_HUGE_PAGES=off), where NumPy's switch alone decides: "hg", the
+# mapping is madvise(MADV_HUGEPAGE)d. 40 MiB: above glibc's largest mmap
+# threshold (32 MiB), so a fresh mapping each time once the block cache has
+# given back the previous one, never a reused, earlier-advised one.
+_SWITCH_CHILD = inspect.getsource(_vm_flags) + """
+import numpy as np
+import mkl_alloc
+from numpy._core.multiarray import _set_madvise_hugepage
+
+for on in (False, True):
+    _set_madvise_hugepage(on)
+    with mkl_alloc.numpy_memory(4096):
+        a = np.empty(40 * 2**20 // 8)
+    advised = "hg" in _vm_flags(a.ctypes.data + 20 * 2**20)
+    assert advised == on, f"NumPy's switch {on}, advised {advised}"
+    del a
+    mkl_alloc.free_buffers()
+print("ok")
+"""
+
+
+@needs_thp
 def test_large_arrays_follow_numpy_huge_page_switch_read_on_install():
+    env = {**os.environ, "MKL_ALLOC_HUGE_PAGES": "off"}
+    r = subprocess.run([sys.executable, "-c", _SWITCH_CHILD], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+@needs_thp
+def test_large_arrays_are_advised_under_the_crates_policy_whatever_numpys_switch():
+    """The crate's own huge-page policy (on by default from 4 MiB) advises
+    every large MKL block, the handler's too, with NumPy's switch off."""
     from numpy._core.multiarray import _get_madvise_hugepage, _set_madvise_hugepage
 
-    if os.environ.get("MKL_ALLOC_HUGE_PAGES", "off") not in ("off", "0", ""):
-        pytest.skip("the crate's global huge-page policy is on")
+    threshold = huge_page_threshold()
+    if threshold is None or threshold > 40 * MiB:
+        pytest.skip(f"MKL_ALLOC_HUGE_PAGES={os.environ.get('MKL_ALLOC_HUGE_PAGES')!r}")
     was = _get_madvise_hugepage()
     try:
-        for on in (False, True):
-            _set_madvise_hugepage(on)
-            with numpy_memory(4096):
-                # 40 MiB: above glibc's largest mmap threshold (32 MiB), so a
-                # fresh mapping each time, never a reused, earlier-advised one.
-                a = np.empty(40 * MiB // 8)
-            # "hg": the mapping is madvise(MADV_HUGEPAGE)d.
-            assert ("hg" in _vm_flags(address(a) + 20 * MiB)) == on, f"NumPy's switch {on}"
-            del a
+        _set_madvise_hugepage(False)
+        mkl_alloc.free_buffers()
+        with numpy_memory(4096):
+            a = np.empty(40 * MiB // 8)
+        assert "hg" in _vm_flags(address(a) + 20 * MiB)
+        del a
     finally:
         _set_madvise_hugepage(was)
