@@ -229,7 +229,8 @@ pub fn disable_fast_mm() -> bool {
 /// ```
 /// mkl_alloc::manager::init();
 /// // A child forked from here on, from any thread, finds every MKL entry
-/// // resolved and every lock of the allocation path free.
+/// // resolved and the crate's own locks free (MKL's own per-thread locks
+/// // are MKL's: see docs/reliability.md, "Fork").
 /// ```
 pub fn init() {
     crate::process::setup();

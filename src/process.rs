@@ -25,7 +25,9 @@
 //! setup also calls each MKL entry point the crate uses once: libmkl_rt
 //! resolves an entry at its first call under an internal spin lock, and a
 //! child forked while another thread held that lock hangs at its first MKL
-//! call.
+//! call. MKL's memory manager also keeps a spin lock per thread, which no
+//! handler here can take or release (MKL has no fork handler of its own);
+//! docs/reliability.md says what that means for a child.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
