@@ -68,11 +68,8 @@ pub(crate) fn mkl_counts(bytes: usize, align: usize) -> usize {
 /// `size > 0`, `align` a power of two.
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
-    if process::slow(size) {
-        // SAFETY: the caller's contract, forwarded.
-        return unsafe { alloc_slow(size, align, 0, false, false) };
-    }
-    mkl_malloc(size, align)
+    // SAFETY: the caller's contract, forwarded; no header.
+    unsafe { raw_alloc_headed(size, align, 0, false, false) }
 }
 
 /// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure. A large
@@ -83,11 +80,8 @@ pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 /// As [`raw_alloc`].
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
-    if process::slow(size) {
-        // SAFETY: the caller's contract, forwarded.
-        return unsafe { alloc_slow(size, align, 0, false, true) };
-    }
-    mkl_calloc(size, align)
+    // SAFETY: the caller's contract, forwarded; no header.
+    unsafe { raw_alloc_headed(size, align, 0, false, true) }
 }
 
 /// [`raw_alloc`] or [`raw_alloc_zeroed`] for a block whose first `head`
@@ -99,7 +93,7 @@ pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 /// NumPy's own switch).
 ///
 /// # Safety
-/// As [`raw_alloc`], and `head < size`.
+/// `size > 0`, `align` a power of two, `head < size`.
 #[inline(always)]
 pub(crate) unsafe fn raw_alloc_headed(
     size: usize,
