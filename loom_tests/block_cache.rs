@@ -82,7 +82,7 @@ fn a_block_given_while_taken_goes_to_exactly_one_owner() {
         let c2 = c.clone();
         let giver =
             thread::spawn(move || c2.give(fake(1), MIN_BLOCK, 0, |_, _| panic!("no eviction")));
-        let taken = c.take(MIN_BLOCK, 64);
+        let (taken, _) = c.take(MIN_BLOCK, 64);
         assert!(giver.join().unwrap());
         let left = leftovers(&c);
         if taken.is_null() {
@@ -106,7 +106,7 @@ fn decay_and_take_race_for_an_idle_block() {
             c2.decay(DECAY_MS, |p, s| freed.push((p as usize, s)));
             freed
         });
-        let taken = c.take(2 * MIB, 64);
+        let (taken, _) = c.take(2 * MIB, 64);
         let freed = sweeper.join().unwrap();
         // The block went to exactly one of them.
         assert_eq!(usize::from(!taken.is_null()) + freed.len(), 1);
@@ -154,7 +154,7 @@ fn a_full_shard_evicts_its_oldest_block_once() {
             assert!(c2.give(fake(5), MIN_BLOCK, 10, |p, s| ev.push((p as usize, s))));
             ev
         });
-        let taken = c.take(MIN_BLOCK, 64);
+        let (taken, _) = c.take(MIN_BLOCK, 64);
         let evicted = other.join().unwrap();
         let mut all = evicted.clone();
         all.extend(leftovers(&c));

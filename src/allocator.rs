@@ -10,8 +10,9 @@ use core::ptr::{self, NonNull};
 
 use allocator_api2::alloc::AllocError;
 
-use crate::zeroing::{self, LAZY_ZERO_MIN};
-use crate::{block_cache, ffi, huge_pages, process, shrunk};
+use crate::backing::zeroing::{self, LAZY_ZERO_MIN};
+use crate::backing::{self, huge_pages};
+use crate::{ffi, process};
 
 /// Every block [`MklAllocator`] hands out is aligned to at least this many
 /// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
@@ -38,31 +39,30 @@ pub(crate) fn mkl_align(align: usize) -> Option<c_int> {
 /// alignment: measured with oneMKL 2026.2 (static and `libmkl_rt`, fast
 /// memory manager on or off), `MKL_Mem_Stat` grows by exactly
 /// `size + max(align, 64) + 24` for `MKL_malloc(size, align)`, for every
-/// size from 1 B to 1 MiB and every power-of-two alignment from 1 to 2^24.
+/// size from 1 B to 1 MiB and every power-of-two alignment from 1 to 2^24
+/// (and MKL asks `i_malloc` for exactly that many bytes).
 const MKL_BLOCK_HEADER: usize = 24;
+
+/// The largest size the crate passes to MKL: MKL adds its header and the
+/// alignment to a size without checking for overflow (an allocation of
+/// `isize::MAX - 4096` bytes reached the C runtime as a negative size), so
+/// a request beyond any machine's memory is refused before MKL sees it.
+pub(crate) const MAX_SIZE: usize = isize::MAX as usize / 2;
 
 /// The bytes `MKL_Mem_Stat` counts for a block of `bytes` that
 /// [`raw_alloc`] allocates now at `align`: the alignment MKL is asked for
-/// (2 MiB where the huge-page policy covers the block) plus MKL's header.
+/// plus MKL's header.
 ///
 /// A block that `MKL_realloc` resizes *in place* keeps being counted at its
 /// old size (measured: 8000 B shrunk to 24 B still counts 8088; 64 B grown
-/// in place to 65 B still counts 152); one it moves is counted afresh. A
-/// block the block cache serves was allocated for a request up to 1/8
-/// smaller: it is counted as MKL counted it then, which this cannot know.
+/// in place to 65 B still counts 152); one it moves is counted afresh.
 pub(crate) fn mkl_counts(bytes: usize, align: usize) -> usize {
-    let align = if huge_pages::applies(bytes) {
-        huge_pages::block_align(bytes, align)
-    } else {
-        align
-    };
     bytes + align.max(MIN_ALIGN) + MKL_BLOCK_HEADER
 }
 
 /// `MKL_malloc(size, max(64, align))`; null if MKL fails or cannot express
 /// `align`. Below the process's slow-path word (see `process`) that is all;
-/// a larger block is first looked up in the block cache, and advised where
-/// the huge-page policy covers it.
+/// a larger block takes [`alloc_slow`].
 ///
 /// # Safety
 /// `size > 0`, `align` a power of two.
@@ -74,7 +74,7 @@ pub(crate) unsafe fn raw_alloc(size: usize, align: usize) -> *mut u8 {
 
 /// `MKL_calloc(1, size, max(64, align))`: zeroed; null on failure. A large
 /// block is zeroed lazily instead (see `zeroing`: its pages read as zero
-/// without being written), whether fresh, cached or advised.
+/// without being written), and a block fresh from the kernel not at all.
 ///
 /// # Safety
 /// As [`raw_alloc`].
@@ -89,7 +89,7 @@ pub(crate) unsafe fn raw_alloc_zeroed(size: usize, align: usize) -> *mut u8 {
 /// zeroing start after them, so that writing the header faults in one
 /// 4 KiB page, not a whole huge page (2 MiB zeroed by the kernel: 0.2 ms
 /// for NumPy's `zeros(2**26)`, measured). `advise` asks for huge-page
-/// advice whatever the global policy says (the NumPy handler follows
+/// advice whatever the crate's policy says (the NumPy handler follows
 /// NumPy's own switch).
 ///
 /// # Safety
@@ -116,10 +116,10 @@ pub(crate) unsafe fn raw_alloc_headed(
 #[inline(always)]
 fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
-        // SAFETY: MKL_malloc takes any size and a positive power-of-two
-        // alignment (mkl_align's result); it returns null on failure.
-        Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
-        None => ptr::null_mut(),
+        // SAFETY: MKL_malloc takes any size up to MAX_SIZE and a positive
+        // power-of-two alignment (mkl_align's result); null on failure.
+        Some(a) if size <= MAX_SIZE => unsafe { ffi::MKL_malloc(size, a).cast() },
+        _ => ptr::null_mut(),
     }
 }
 
@@ -127,16 +127,17 @@ fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
 fn mkl_calloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
         // SAFETY: as in mkl_malloc; num = 1 so the product cannot overflow.
-        Some(a) => unsafe { ffi::MKL_calloc(1, size, a).cast() },
-        None => ptr::null_mut(),
+        Some(a) if size <= MAX_SIZE => unsafe { ffi::MKL_calloc(1, size, a).cast() },
+        _ => ptr::null_mut(),
     }
 }
 
-/// The slow path of every allocation: the first call of the process (which
-/// runs the setup) and every block of the slow-path word's size or more. A
-/// cached block if the cache has one that fits, else a fresh MKL block,
-/// advised if `advise` or the huge-page policy covers it; zeroed if
-/// `zeroed` (lazily where large). Advice and zeroing skip the first `head`
+/// The slow path of an allocation: the first call of the process (which
+/// runs the setup) and every block of the slow-path word's size or more.
+/// MKL serves it (from a chunk beneath MKL where it is large: see
+/// `backing`); a zeroed one is zeroed lazily, or not at all where the
+/// chunk is fresh from the kernel; `advise` adds huge-page advice where
+/// the crate's policy gave none. Advice and zeroing skip the first `head`
 /// bytes (see [`raw_alloc_headed`]).
 ///
 /// # Safety
@@ -150,94 +151,63 @@ unsafe fn alloc_slow(
     zeroed: bool,
 ) -> *mut u8 {
     process::ensure_ready();
-    let advise = advise || huge_pages::applies(size);
-    let mut p = ptr::null_mut();
-    if block_cache::covers(size) {
-        p = block_cache::take(size, mkl_block_align(align));
-        if advise && !p.is_null() {
-            // The block may have been cached while the policy was off (or
-            // below its threshold): advising again costs one system call.
-            // SAFETY: p is a block of at least `size` bytes that we own.
-            unsafe { huge_pages::advise(p.add(head), size - head) };
-        }
+    if zeroed && !advise && size < LAZY_ZERO_MIN {
+        return mkl_calloc(size, align);
     }
+    backing::clear_last();
+    let p = mkl_malloc(size, align);
     if p.is_null() {
-        if zeroed && !advise && size < LAZY_ZERO_MIN {
-            return mkl_calloc(size, align);
-        }
-        // An advised block starts on a 2 MiB boundary, so all of it but the
-        // tail can be huge pages (see huge_pages::block_align).
-        let align = if advise {
-            huge_pages::block_align(size, align)
-        } else {
-            align
-        };
-        p = mkl_malloc(size, align);
-        if advise && !p.is_null() {
-            // SAFETY: p is the fresh block of `size` bytes just allocated.
-            unsafe { huge_pages::advise(p.add(head), size - head) };
-        }
+        return p;
     }
-    if zeroed && !p.is_null() {
-        // SAFETY: p is a block of at least `size` bytes that we own: MKL's
-        // (malloc'd, so private anonymous memory) or the cache's.
-        unsafe { zeroing::zero(p.add(head), size - head) };
+    let chunk = backing::last_chunk();
+    if chunk.is_none() {
+        backing::note_unserved(size);
+    }
+    if advise && !(chunk.is_some() && huge_pages::applies(size)) {
+        // SAFETY: p is the fresh block of `size` bytes just allocated.
+        unsafe { huge_pages::advise(p.add(head), size - head) };
+    }
+    if zeroed {
+        let granule = match chunk {
+            // Fresh from the kernel: every byte MKL did not write reads 0.
+            Some((_, true)) => return p,
+            Some(_) => backing::PAGE,
+            None => zeroing::FOREIGN_GRANULE,
+        };
+        // SAFETY: p is a block of at least `size` bytes that we own,
+        // private anonymous memory (a chunk, or the C runtime's).
+        unsafe { zeroing::zero(p.add(head), size - head, granule) };
     }
     p
 }
 
-/// `MKL_free(ptr)`, or into the block cache where it covers the block.
+/// `MKL_free(ptr)`: a large block's chunk goes to the block cache beneath
+/// MKL (see `backing`).
 ///
 /// # Safety
 /// `ptr` came from `raw_alloc*`/`raw_realloc` with a size of `size` bytes
 /// (its latest), and is not used again.
 #[inline(always)]
 pub(crate) unsafe fn raw_free(ptr: *mut u8, size: usize) {
-    if process::slow(size) {
-        // SAFETY: the caller's contract, forwarded.
-        return unsafe { free_slow(ptr, size) };
-    }
-    block_cache::tick();
+    let _ = size;
     // SAFETY: the caller passes a live MKL block, freed exactly once.
     unsafe { ffi::MKL_free(ptr.cast()) }
-}
-
-/// The slow path of a free: the block's true size (larger if it was shrunk
-/// in place, see `shrunk`), then the cache or MKL.
-///
-/// # Safety
-/// As [`raw_free`].
-#[inline(never)]
-unsafe fn free_slow(ptr: *mut u8, size: usize) {
-    let held = shrunk::take(ptr).unwrap_or(size);
-    // SAFETY: a live MKL block of `held` bytes that the caller gives up.
-    if block_cache::covers(held) && unsafe { block_cache::give(ptr, held) } {
-        return;
-    }
-    // SAFETY: the caller passes a live MKL block, freed exactly once.
-    unsafe { ffi::MKL_free(ptr.cast()) }
-}
-
-/// The alignment every block MKL hands out has: `max(64, align)`.
-#[inline(always)]
-fn mkl_block_align(align: usize) -> usize {
-    align.max(MIN_ALIGN)
 }
 
 /// The block `ptr` of `old_size` bytes resized to `new_size`, aligned to
 /// `max(64, align)`, its first `min(old_size, new_size)` bytes kept. On
 /// failure null, and the old block untouched.
 ///
-/// Small blocks at alignments up to 64 go to `MKL_realloc`. MKL keeps a
-/// block's alignment across it (measured for every power of two 1 .. 2^24),
-/// and every block of the crate was asked of MKL at 64 or more. Where the
-/// block ends up (measured with oneMKL 2026.2, `cargo run --release
-/// --example realloc_in_place`): every shrink kept the address (100 B ->
-/// 50 B up to 32 MiB -> 16 MiB, and MKL keeps holding the whole old block);
-/// a growth kept it only while the new size still fit the block MKL
-/// already held (64 B -> 65 B; 100 000 B shrunk to 1 000 and grown back to
-/// 2 000); every other growth moved and copied the block, fast memory
-/// manager on or off. Everything else takes [`realloc_slow`].
+/// `MKL_realloc` keeps a block's alignment (measured for every power of
+/// two 1 .. 2^24), and every block of the crate was asked of MKL at
+/// `max(64, align)` or more. Beneath MKL a large block's chunk grows with
+/// `mremap` (no copy; see `backing`). What MKL does above that (measured
+/// with oneMKL 2026.2, `cargo run --release --example realloc_in_place`):
+/// every shrink keeps the address and the whole old block, without asking
+/// `i_realloc`; a growth stays in place while the new size fits the block
+/// MKL holds, and otherwise asks `i_realloc`. So a shrink to half or less
+/// of a block of [`SHRINK_MOVE_MIN`] or more moves instead
+/// ([`shrink_moved`]): only a move gives the memory back.
 ///
 /// # Safety
 /// `ptr` is a live MKL block of `old_size` bytes (its latest size)
@@ -249,131 +219,38 @@ pub(crate) unsafe fn raw_realloc(
     new_size: usize,
     align: usize,
 ) -> *mut u8 {
-    if process::slow(old_size.max(new_size))
-        || align > MIN_ALIGN
-        || shrink_moves(old_size, new_size)
-    {
-        // SAFETY: the caller's contract, forwarded.
-        return unsafe { realloc_slow(ptr, old_size, new_size, align) };
+    if shrink_moves(old_size, new_size) {
+        // SAFETY: a live block of `old_size` bytes; new_size < old_size.
+        let moved = unsafe { shrink_moved(ptr, old_size, new_size, align) };
+        if !moved.is_null() {
+            return moved;
+        }
+        // No memory for the smaller block: it stays in place.
     }
-    // SAFETY: the caller's contract; a block of the crate at alignment 64.
-    unsafe { mkl_realloc(ptr, old_size, new_size) }
+    // SAFETY: the caller's contract.
+    unsafe { mkl_realloc(ptr, old_size, new_size, align) }
 }
 
-/// `MKL_realloc` of a block MKL holds at alignment 64 (MKL keeps that).
+/// `MKL_realloc` of a block MKL holds at `max(64, align)` (MKL keeps that).
 ///
 /// # Safety
-/// `ptr` is a live MKL block of `old_size` bytes, allocated at 64;
-/// `new_size > 0`.
+/// `ptr` is a live MKL block of `old_size` bytes, allocated at
+/// `max(64, align)` or more; `new_size > 0`.
 #[inline(always)]
-unsafe fn mkl_realloc(ptr: *mut u8, old_size: usize, new_size: usize) -> *mut u8 {
+unsafe fn mkl_realloc(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
+    if new_size > MAX_SIZE {
+        return ptr::null_mut();
+    }
     // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
     // null and leaves it intact, or frees it and returns the new block.
     let new: *mut u8 = unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() };
-    if new as usize & (MIN_ALIGN - 1) == 0 {
+    let align = align.max(MIN_ALIGN);
+    if new as usize & (align - 1) == 0 {
         return new; // also the null case
     }
     // SAFETY: `new` is a live MKL block of new_size bytes holding the
     // first min(old_size, new_size) bytes of the old one.
-    unsafe { realign(new, old_size.min(new_size), new_size) }
-}
-
-/// The slow path of a resize: large blocks, alignments above 64, and
-/// shrinks that move.
-///
-/// - A block's true size is its record's if it was shrunk in place (see
-///   `shrunk`): MKL holds that much.
-/// - A shrink to half or less of a block of [`SHRINK_MOVE_MIN`] or more
-///   moves ([`shrink_moved`]): only a move gives the memory back. Any other
-///   shrink stays in place without calling MKL (`MKL_realloc` keeps the
-///   whole block anyway); a large block's true size is recorded (or, the
-///   record table being full, the block moves).
-/// - A growth that still fits the block's true size stays in place.
-/// - Any other growth of a block that the huge-page policy or the block
-///   cache covers, or at an alignment above 64, is a move
-///   ([`grow_by_move`]): the copy lands on advised or cached memory, the
-///   old block goes to the cache, and the alignment is the one asked
-///   (`MKL_realloc` keeps the alignment MKL recorded for the block, which
-///   for a block the cache served can be lower than its address has).
-/// - Anything else is `MKL_realloc`.
-///
-/// # Safety
-/// As [`raw_realloc`].
-#[inline(never)]
-unsafe fn realloc_slow(ptr: *mut u8, old_size: usize, new_size: usize, align: usize) -> *mut u8 {
-    process::ensure_ready();
-    let held = shrunk::take(ptr).unwrap_or(old_size);
-    if new_size <= held {
-        if shrink_moves(held, new_size) {
-            // SAFETY: a live block of `held` bytes; new_size < held.
-            let moved = unsafe { shrink_moved(ptr, held, new_size, align) };
-            if !moved.is_null() {
-                return moved;
-            }
-            // No memory for the smaller block: it stays in place.
-        }
-        if new_size >= block_cache::MIN_BLOCK
-            && held > new_size
-            && !shrunk::record(ptr, held)
-            && new_size < old_size
-        {
-            // SAFETY: as above.
-            let moved = unsafe { shrink_moved(ptr, held, new_size, align) };
-            if !moved.is_null() {
-                return moved;
-            }
-        }
-        if held > old_size || align > MIN_ALIGN || new_size >= block_cache::MIN_BLOCK {
-            return ptr;
-        }
-        // SAFETY: a small block at alignment 64 that was never shrunk in
-        // place by the crate: MKL knows its size.
-        return unsafe { mkl_realloc(ptr, old_size, new_size) };
-    }
-    if align > MIN_ALIGN || block_cache::covers(new_size) || huge_pages::applies(new_size) {
-        // SAFETY: the caller's contract; new_size > held.
-        return unsafe { grow_by_move(ptr, old_size, held, new_size, align) };
-    }
-    // SAFETY: a live block at alignment 64 (caller's contract), no longer
-    // recorded; MKL knows its true size, and new_size exceeds it.
-    unsafe { mkl_realloc(ptr, old_size, new_size) }
-}
-
-/// Growth by allocate + copy + free: a fresh block ([`raw_alloc`]: a cached
-/// one, or one advised before anything touches it), the first `keep` bytes
-/// copied into it, the old block (of `held` bytes) freed (into the cache
-/// where it covers it). The guarantees are `raw_realloc`'s: contents,
-/// alignment `max(64, align)`, and on failure null with the old block
-/// untouched.
-///
-/// # Safety
-/// `ptr` is a live MKL block of `held >= keep` bytes, no longer recorded as
-/// shrunk; `new_size > keep`; `align` a power of two.
-#[cold]
-#[inline(never)]
-unsafe fn grow_by_move(
-    ptr: *mut u8,
-    keep: usize,
-    held: usize,
-    new_size: usize,
-    align: usize,
-) -> *mut u8 {
-    // SAFETY: new_size > 0 and align is a power of two (caller's contract).
-    let fresh = unsafe { raw_alloc(new_size, align) };
-    if fresh.is_null() {
-        // The old block stays as it was, with its record.
-        if held > keep {
-            shrunk::record(ptr, held);
-        }
-    } else {
-        // SAFETY: distinct live blocks; the old one holds keep bytes and
-        // the new one more; the old one is freed once and not used again.
-        unsafe {
-            ptr::copy_nonoverlapping(ptr, fresh, keep);
-            raw_free(ptr, held);
-        }
-    }
-    fresh
+    unsafe { realign(new, old_size.min(new_size), new_size, align) }
 }
 
 /// Blocks at least this large are moved by a shrink to a [`SHRINK_MOVE_RATIO`]
@@ -385,7 +262,8 @@ pub(crate) const SHRINK_MOVE_RATIO: usize = 2;
 
 /// Whether a shrink from `old_size` to `new_size` moves to a new block
 /// rather than staying in place, which keeps the whole old block (MKL
-/// counts and holds all of it until it is freed).
+/// counts and holds all of it until it is freed, and asks nothing of
+/// `i_realloc`).
 ///
 /// Measured with oneMKL 2026.2 on the 2-core AMD EPYC machine (`cargo run
 /// --release --example shrink_threshold`: filled blocks, medians of 5
@@ -394,20 +272,13 @@ pub(crate) const SHRINK_MOVE_RATIO: usize = 2;
 /// MKL's count drops to the new size at every size; the time is the copy of
 /// the new size plus an allocation and a free: 0.13-0.3 µs for 4-16 KiB,
 /// 4.3 µs for 256 KiB -> 128 KiB, 22 µs for 1 MiB -> 512 KiB, 0.95 ms for
-/// 16 MiB -> 8 MiB, 0.2 µs-1.5 µs to 1 byte. Resident memory comes back
-/// when the old block was mmapped by the C library: at 64 MiB and above in
-/// that run (glibc's mmap threshold had risen to its 32 MiB ceiling after
-/// the earlier frees), from 256 KiB on with the threshold held at its
-/// initial 128 KiB (`MALLOC_MMAP_THRESHOLD_=131072`: 256 KiB -> 128 KiB
-/// gave back 260 KiB of RSS, 1 MiB -> 1 B gave back 1 MiB); below the
-/// threshold the memory returns to the C heap, where the next allocation
-/// reuses it.
+/// 16 MiB -> 8 MiB, 0.2 µs-1.5 µs to 1 byte.
 ///
-/// Hence the rule: blocks of 256 KiB (twice glibc's initial mmap threshold,
-/// so normally mmapped) or more move when they shrink to half or less, so
-/// that the copy is never larger than what is freed; smaller blocks (at most
-/// 128 KiB of slack each) and mild shrinks (a `Vec` trimming the spare
-/// capacity of its last doubling) stay in place at tens of nanoseconds.
+/// Hence the rule: blocks of 256 KiB or more move when they shrink to half
+/// or less, so that the copy is never larger than what is freed; smaller
+/// blocks (at most 128 KiB of slack each) and mild shrinks (a `Vec`
+/// trimming the spare capacity of its last doubling) stay in place at tens
+/// of nanoseconds.
 #[inline(always)]
 pub(crate) fn shrink_moves(old_size: usize, new_size: usize) -> bool {
     old_size >= SHRINK_MOVE_MIN && new_size <= old_size / SHRINK_MOVE_RATIO
@@ -418,9 +289,8 @@ pub(crate) fn shrink_moves(old_size: usize, new_size: usize) -> bool {
 /// freed. Null if MKL has no fresh block, the old block then untouched.
 ///
 /// # Safety
-/// `ptr` is a live MKL block of `held > new_size` bytes, no longer recorded
-/// as shrunk, allocated with an alignment of at least `align` (a power of
-/// two); `new_size > 0`.
+/// `ptr` is a live MKL block of `held > new_size` bytes, allocated with an
+/// alignment of at least `align` (a power of two); `new_size > 0`.
 #[cold]
 #[inline(never)]
 unsafe fn shrink_moved(ptr: *mut u8, held: usize, new_size: usize, align: usize) -> *mut u8 {
@@ -438,19 +308,19 @@ unsafe fn shrink_moved(ptr: *mut u8, held: usize, new_size: usize, align: usize)
     fresh
 }
 
-/// Moves a block that `MKL_realloc` returned below 64-byte alignment into
-/// an aligned one. MKL keeps the alignment it recorded, and every block
-/// reaching `MKL_realloc` was asked of MKL at 64 or more, so this would
-/// take MKL breaking its own contract (never observed). The caller's old
+/// Moves a block that `MKL_realloc` returned below `align` into an aligned
+/// one. MKL keeps the alignment it recorded, and every block reaching
+/// `MKL_realloc` was asked of MKL at `align` or more, so this would take
+/// MKL breaking its own contract (never observed). The caller's old
 /// pointer is already gone then, so a failure here cannot be reported as
 /// "old block intact": the process aborts.
 #[cold]
 #[inline(never)]
-unsafe fn realign(block: *mut u8, keep: usize, size: usize) -> *mut u8 {
-    // SAFETY: size > 0 and 64 is a power of two.
-    let fresh = unsafe { raw_alloc(size, MIN_ALIGN) };
+unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mut u8 {
+    // SAFETY: size > 0 and align is a power of two.
+    let fresh = unsafe { raw_alloc(size, align) };
     if fresh.is_null() {
-        const MSG: &[u8] = b"mkl-alloc: MKL_realloc returned a block below 64-byte alignment and no aligned block could replace it\n";
+        const MSG: &[u8] = b"mkl-alloc: MKL_realloc returned a block below its alignment and no aligned block could replace it\n";
         // SAFETY: writes a static buffer to stderr; no allocation.
         unsafe { libc::write(2, MSG.as_ptr().cast::<c_void>(), MSG.len()) };
         std::process::abort();
@@ -621,17 +491,23 @@ pub(crate) unsafe fn api_grow<B: Blocks>(
     if old.size() == 0 {
         return api_allocate(b, new, zeroed);
     }
+    backing::clear_last();
     // SAFETY: a live non-empty block of `old`; new.size() >= old.size() > 0.
     let grown = block(
         unsafe { b.resize_block(ptr.as_ptr(), old, new) },
         new.size(),
     )?;
     if zeroed {
+        // A chunk's pages are 4 KiB; anything else may be on huge pages.
+        let granule = match backing::last_chunk() {
+            Some(_) => backing::PAGE,
+            None => zeroing::FOREIGN_GRANULE,
+        };
         // SAFETY: the block holds new.size() >= old.size() bytes; only the
         // tail beyond the old contents is zeroed (lazily where large).
         unsafe {
             let tail = grown.cast::<u8>().as_ptr().add(old.size());
-            zeroing::zero(tail, new.size() - old.size());
+            zeroing::zero(tail, new.size() - old.size(), granule);
         }
     }
     Ok(grown)

@@ -416,6 +416,9 @@ pub unsafe fn free(ptr: *mut u8) {
     let align = tag & !HUGE_FLAG;
     if let Some(bin) = bin(cap, align) {
         if bin.put(ptr) {
+            // A free that reaches no MKL call still counts towards the
+            // block cache's decay (see `block_cache::TICKS`).
+            crate::block_cache::tick();
             return;
         }
     }
@@ -438,8 +441,8 @@ pub(crate) fn release_cached() {
     }
 }
 
-/// Frees an MKL block of `total` bytes (into the block cache, where it
-/// covers it).
+/// Frees an MKL block of `total` bytes (a large one's chunk goes to the
+/// block cache beneath MKL).
 ///
 /// # Safety
 /// A live MKL block from `raw_alloc*`/`raw_realloc` of that size, not used

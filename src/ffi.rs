@@ -21,7 +21,6 @@
 #![allow(non_snake_case)]
 
 use core::ffi::c_int;
-#[cfg(not(miri))]
 use core::ffi::c_void;
 
 /// `MKL_PEAK_MEM_DISABLE`: stop tracking peak usage.
@@ -63,4 +62,29 @@ unsafe extern "C" {
     pub fn MKL_Disable_Fast_MM() -> c_int;
     /// `int MKL_Set_Memory_Limit(int mem_type, size_t limit)`.
     pub fn MKL_Set_Memory_Limit(mem_type: c_int, limit: usize) -> c_int;
+}
+
+/// `i_malloc.h`'s `void* (*i_malloc)(size_t size)`.
+pub type IMalloc = unsafe extern "C" fn(size: usize) -> *mut c_void;
+/// `i_malloc.h`'s `void* (*i_calloc)(size_t nmemb, size_t size)`.
+pub type ICalloc = unsafe extern "C" fn(nmemb: usize, size: usize) -> *mut c_void;
+/// `i_malloc.h`'s `void* (*i_realloc)(void *ptr, size_t size)`.
+pub type IRealloc = unsafe extern "C" fn(ptr: *mut c_void, size: usize) -> *mut c_void;
+/// `i_malloc.h`'s `void (*i_free)(void *ptr)`.
+pub type IFree = unsafe extern "C" fn(ptr: *mut c_void);
+
+// MKL's memory-function pointers ("Redefining Memory Functions" in the
+// oneMKL developer guide): data symbols that MKL reads at its first call
+// and takes every allocation through afterwards, the C runtime's functions
+// by default. The crate sets them once, in its setup (`backing`).
+#[cfg(not(miri))]
+unsafe extern "C" {
+    /// MKL's `malloc`.
+    pub static mut i_malloc: Option<IMalloc>;
+    /// MKL's `calloc`.
+    pub static mut i_calloc: Option<ICalloc>;
+    /// MKL's `realloc`.
+    pub static mut i_realloc: Option<IRealloc>;
+    /// MKL's `free`.
+    pub static mut i_free: Option<IFree>;
 }

@@ -7,14 +7,20 @@
 //!   small blocks (under 4 KiB by default, alignment at most 16) from the
 //!   system allocator, all others from MKL aligned to 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
-//! - [`block_cache`]: a bounded, decaying cache of freed large MKL blocks,
-//!   on by default, so that big temporaries are not faulted in again and
-//!   again (`MKL_ALLOC_BLOCK_CACHE=off` turns it off).
-//! - [`huge_pages`]: large MKL blocks (4 MiB and more by default) on
-//!   transparent huge pages (`madvise(MADV_HUGEPAGE)`;
-//!   `MKL_ALLOC_HUGE_PAGES=off` turns it off).
-//! - Large zeroed blocks cost nothing until touched: their pages are given
-//!   back (`MADV_DONTNEED`) instead of written, fresh or reused alike.
+//! - [`backing`]: beneath MKL, the memory MKL draws on. MKL's memory
+//!   functions (`i_malloc` & co.) are the crate's: every MKL block of
+//!   1 MiB or more, the program's and MKL's own, lives in a chunk of the
+//!   crate's, grown with `mremap` (no copy), and kept when freed in
+//!   - [`block_cache`]: a bounded, decaying cache of freed chunks, on by
+//!     default, so that big temporaries are not faulted in again and again
+//!     (`MKL_ALLOC_BLOCK_CACHE=off` turns it off); MKL's statistics count
+//!     live blocks only;
+//!   - [`huge_pages`]: chunks of 4 MiB and more by default on transparent
+//!     huge pages (`madvise(MADV_HUGEPAGE)`; `MKL_ALLOC_HUGE_PAGES=off`
+//!     turns it off).
+//! - Large zeroed blocks cost nothing until touched: a fresh chunk is not
+//!   written at all, a reused one has its pages given back
+//!   (`MADV_DONTNEED`) instead of written.
 //! - Every lock and counter on an allocation path survives `fork` from any
 //!   thread ([`manager::init`] explains how).
 //! - [`SharedMklVec`]: a growable MKL buffer shared across threads; counted
@@ -68,24 +74,26 @@ mod keep_dynamic_layers {
     static KEEP_IOMP: unsafe extern "C" fn() = omp_get_num_procs;
 }
 
+// The interfaces.
 mod allocator;
-pub mod block_cache;
 pub mod c_heap;
-mod env;
-pub mod ffi;
-pub mod huge_pages;
+mod shared_vec;
+mod split;
+// MKL's manager, and the process-wide state of the allocation path.
 pub mod manager;
 mod process;
-mod shared_vec;
-mod shrunk;
-mod split;
+// Beneath MKL: the memory it draws on, one policy per file.
+pub mod backing;
+pub use backing::{block_cache, huge_pages};
+// Bindings and helpers.
+mod env;
+pub mod ffi;
 mod sync;
-mod zeroing;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 #[cfg(loom)]
 #[doc(hidden)]
-pub use block_cache::shards::Cache;
+pub use backing::block_cache::shards::Cache;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use c_heap::bin::Bin;

@@ -12,32 +12,54 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use crate::ffi;
 
 /// What MKL's memory manager holds right now, from `MKL_Mem_Stat`, and
-/// how much of it is this crate's [block cache](crate::block_cache).
+/// what the [block cache](crate::block_cache) beneath MKL keeps besides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemStats {
-    /// Bytes in blocks currently allocated through MKL (and not freed),
-    /// cached blocks included.
+    /// Bytes in blocks currently allocated through MKL and not freed, as
+    /// MKL counts them (each block's size plus MKL's header and
+    /// alignment): live blocks only, since freed ones leave MKL.
     pub bytes: u64,
     /// How many such blocks.
     pub buffers: u64,
-    /// Of `bytes`, the bytes of freed blocks kept in the block cache.
+    /// Bytes of freed chunks kept beneath MKL in the block cache, at their
+    /// true (mapped) sizes: not part of `bytes`.
     pub cached_bytes: u64,
-    /// Of `buffers`, the blocks kept in the block cache.
+    /// How many chunks the block cache keeps.
     pub cached_buffers: u64,
+    /// Whether MKL allocates from the crate's memory: if MKL ran before the
+    /// crate's setup ([`Backing::MklRanFirst`](crate::backing::Backing)),
+    /// the block cache and huge pages do not apply.
+    pub backing: crate::backing::Backing,
 }
 
 impl MemStats {
-    /// Bytes in blocks that are in use: `bytes - cached_bytes`. This is
-    /// "memory the program holds": with the block cache on (the default),
-    /// `bytes` also counts freed blocks kept for reuse, which the cache
-    /// gives back on its own (decay) or at [`free_buffers`].
+    /// Bytes in blocks that are in use: MKL's own count, `bytes`. This is
+    /// "memory the program holds"; the cache's chunks are apart, in
+    /// `cached_bytes`.
     ///
     /// ```
     /// let s = mkl_alloc::manager::stats();
-    /// assert_eq!(s.live_bytes(), s.bytes - s.cached_bytes);
+    /// assert_eq!(s.live_bytes(), s.bytes);
     /// ```
     pub fn live_bytes(&self) -> u64 {
-        self.bytes.saturating_sub(self.cached_bytes)
+        self.bytes
+    }
+
+    /// What MKL itself holds, `(bytes, buffers)`: the part of two
+    /// snapshots to compare for "every block went back to MKL" (the cache
+    /// beneath MKL may keep what MKL freed, and decays on its own).
+    ///
+    /// ```
+    /// use mkl_alloc::{MklAllocator, manager};
+    /// use allocator_api2::vec::Vec;
+    ///
+    /// let before = manager::stats();
+    /// let v: Vec<f64, _> = Vec::with_capacity_in(1 << 20, MklAllocator);
+    /// drop(v);
+    /// assert_eq!(manager::stats().mkl_held(), before.mkl_held());
+    /// ```
+    pub fn mkl_held(&self) -> (u64, u64) {
+        (self.bytes, self.buffers)
     }
 }
 
@@ -63,6 +85,7 @@ pub fn stats() -> MemStats {
         buffers: buffers.max(0) as u64,
         cached_bytes: cached_bytes as u64,
         cached_buffers: cached_buffers as u64,
+        backing: crate::backing::state(),
     }
 }
 

@@ -2,16 +2,22 @@
 //! reads, the setup that runs once (at the first allocation, or at
 //! [`manager::init`](crate::manager::init)), and the `fork` handlers.
 //!
-//! **The word.** Every allocation, free and resize compares its size with
-//! one relaxed word, [`SLOW`]: below it (small blocks, the common case) the
-//! call goes straight to MKL; at or above it the policies are consulted
-//! (the block cache, huge pages, lazy zeroing, the record of blocks shrunk
-//! in place). The word is 0 until the setup has run, so the first call of
-//! the process takes the slow path and runs it; after that it is
-//! `min(block_cache::MIN_BLOCK, huge-page threshold)`: never above 1 MiB,
-//! because every block of 1 MiB or more must pass the slow path whatever
-//! the policies say (a block shrunk in place is recorded there, and its
-//! record must be dropped when it is freed).
+//! **The word.** Every allocation compares its size with one relaxed word,
+//! [`SLOW`]: below it (small blocks, the common case) the call goes
+//! straight to MKL; at or above it the allocator above MKL has work of its
+//! own (lazy zeroing, huge-page advice the NumPy handler asks for). The
+//! word is 0 until the setup has run, so the first call of the process
+//! takes the slow path and runs it; after that it is
+//! [`LAZY_ZERO_MIN`](crate::backing::zeroing::LAZY_ZERO_MIN) (1 MiB). The
+//! policies for large blocks (the block cache, huge pages, growth by
+//! `mremap`) live beneath MKL (`backing`), where every MKL allocation
+//! meets them.
+//!
+//! **Setup.** It points MKL's memory functions at the backing before any
+//! MKL call it makes, and runs as early as the crate can arrange: from an
+//! ELF constructor when the program (or the extension module that links
+//! the crate) is loaded, else at the first allocation, or at
+//! [`manager::init`](crate::manager::init).
 //!
 //! **Fork.** A child process has one thread, the copy of the one that
 //! called `fork`; a lock that another thread held at that moment would stay
@@ -31,7 +37,7 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
-use crate::{block_cache, huge_pages};
+use crate::backing::{self, block_cache, huge_pages};
 
 /// Sizes at or above this take the slow path (0 until the setup has run).
 static SLOW: AtomicUsize = AtomicUsize::new(0);
@@ -54,23 +60,27 @@ pub(crate) fn ensure_ready() {
     }
 }
 
-/// The word's value for the policies in force.
-fn threshold() -> usize {
-    block_cache::MIN_BLOCK.min(huge_pages::threshold().unwrap_or(usize::MAX))
-}
+/// The word's value once the setup has run.
+const THRESHOLD: usize = backing::zeroing::LAZY_ZERO_MIN;
 
-/// Recomputes the word after a policy change (before the setup, the setup
-/// computes it).
-pub(crate) fn refresh() {
-    if READY.load(Relaxed) {
-        SLOW.store(threshold(), Relaxed);
+/// The setup, at load time: an ELF constructor, so that MKL's memory
+/// functions are the backing's before `main` (or, in an extension module,
+/// before the loader returns), and thus before MKL's first call unless
+/// another constructor makes one.
+#[cfg(all(target_os = "linux", not(any(loom, miri, test))))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static AT_LOAD: extern "C" fn() = {
+    extern "C" fn at_load() {
+        setup();
     }
-}
+    at_load
+};
 
-/// Reads the environment's policies, registers the fork handlers (once)
-/// and, in `mkl-rt` builds, resolves MKL's entry points. Racing first calls
-/// may both run it: each step is idempotent, and the registration is
-/// guarded.
+/// Reads the environment's policies, points MKL's memory functions at the
+/// backing, registers the fork handlers (once) and, in `mkl-rt` builds,
+/// resolves MKL's entry points. Racing first calls may both run it: each
+/// step is idempotent, and the registration is guarded.
 #[cold]
 #[inline(never)]
 pub(crate) fn setup() {
@@ -79,11 +89,13 @@ pub(crate) fn setup() {
     #[cfg(not(loom))]
     let _ = block_cache::budget();
     let _ = huge_pages::threshold();
+    #[cfg(not(loom))]
+    backing::install();
     register_fork_handlers();
     #[cfg(all(feature = "mkl-rt", not(miri)))]
     resolve_mkl_entries();
     READY.store(true, Relaxed);
-    SLOW.store(threshold(), Relaxed);
+    SLOW.store(THRESHOLD, Relaxed);
 }
 
 fn register_fork_handlers() {

@@ -205,6 +205,9 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
             // contract), hence by MKL, and is freed once.
             unsafe { raw_free(ptr, layout.size()) }
         } else {
+            // The system side's frees count towards the block cache's
+            // decay too (a thread-local countdown; see `block_cache::TICKS`).
+            crate::block_cache::tick();
             // SAFETY: the block was allocated with this layout, hence by
             // System with this same layout.
             unsafe { System.dealloc(ptr, layout) }

@@ -44,7 +44,11 @@ fn vec_new_in_fill_check_drop() {
     };
     let before = manager::stats();
     let mut v: AVec<u64, MklAllocator> = AVec::new_in(MklAllocator);
-    assert_eq!(manager::stats(), before, "an empty Vec allocates nothing");
+    assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "an empty Vec allocates nothing"
+    );
     let mut last = core::ptr::null();
     for i in 0..n {
         v.push(i * 7 + 1);
@@ -84,7 +88,11 @@ fn vec_new_in_fill_check_drop() {
     v.extend_from_slice(&[5, 6, 7]);
     assert_eq!(&v[1000..], &[5, 6, 7]);
     drop(v);
-    assert_eq!(manager::stats(), before, "every block returned to MKL");
+    assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "every block returned to MKL"
+    );
 }
 
 #[test]
@@ -104,7 +112,7 @@ fn vec_of_strings_and_f64_is_simd_ready() {
     assert_eq!(s.len(), 50);
     drop(s);
     drop(x);
-    assert_eq!(manager::stats(), before);
+    assert_eq!(manager::stats().mkl_held(), before.mkl_held());
 }
 
 #[test]
@@ -120,7 +128,11 @@ fn hashbrown_map_new_in_fill_check_drop() {
     let before = manager::stats();
     let mut m: hashbrown::HashMap<u32, AVec<u32, MklAllocator>, _, MklAllocator> =
         hashbrown::HashMap::new_in(MklAllocator);
-    assert_eq!(manager::stats(), before, "an empty map allocates nothing");
+    assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "an empty map allocates nothing"
+    );
     for i in 0..n {
         let mut v = AVec::with_capacity_in((i % 5 + 1) as usize, MklAllocator);
         v.extend(0..i % 5 + 1);
@@ -150,7 +162,11 @@ fn hashbrown_map_new_in_fill_check_drop() {
             .all(|k| m[&k].len() == (k % 5 + 1) as usize)
     );
     drop(m);
-    assert_eq!(manager::stats(), before, "every block returned to MKL");
+    assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "every block returned to MKL"
+    );
 }
 
 #[test]
@@ -165,7 +181,7 @@ fn hashbrown_string_keys() {
     assert!(manager::stats().bytes > before.bytes + u64::from(n) * 4);
     assert!((0..n).all(|i| m[&format!("k{i}")] == i));
     drop(m);
-    assert_eq!(manager::stats(), before);
+    assert_eq!(manager::stats().mkl_held(), before.mkl_held());
 }
 
 #[test]
@@ -184,7 +200,11 @@ fn zero_sized_layouts_never_reach_mkl() {
     assert_eq!(empty.capacity(), 0);
     let zst_map: hashbrown::HashMap<(), (), _, MklAllocator> =
         hashbrown::HashMap::new_in(MklAllocator);
-    assert_eq!(manager::stats(), before, "ZST collections touched MKL");
+    assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "ZST collections touched MKL"
+    );
     drop((units, empty, zst_map));
 
     for k in [0u32, 3, 6, 12, 20, 30, 40] {
@@ -200,8 +220,8 @@ fn zero_sized_layouts_never_reach_mkl() {
         let q = a.allocate_zeroed(z).expect("zero-size allocate_zeroed");
         assert_eq!(q.cast::<u8>().as_ptr() as usize % align, 0);
         assert_eq!(
-            manager::stats(),
-            before,
+            manager::stats().mkl_held(),
+            before.mkl_held(),
             "zero-size allocate reached MKL (align {align})"
         );
         // SAFETY: p and q came from `a` with layout `z`; freeing a zero-size block is a no-op.
@@ -209,7 +229,11 @@ fn zero_sized_layouts_never_reach_mkl() {
             a.deallocate(p.cast(), z);
             a.deallocate(q.cast(), z);
         }
-        assert_eq!(manager::stats(), before, "zero-size deallocate reached MKL");
+        assert_eq!(
+            manager::stats().mkl_held(),
+            before.mkl_held(),
+            "zero-size deallocate reached MKL"
+        );
     }
 
     // grow from zero size allocates; shrink to zero size frees.
@@ -235,7 +259,11 @@ fn zero_sized_layouts_never_reach_mkl() {
         assert_eq!(s.cast::<u8>().as_ptr() as usize % 8, 0);
         a.deallocate(s.cast(), z);
     }
-    assert_eq!(manager::stats(), before, "shrink to zero did not free");
+    assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "shrink to zero did not free"
+    );
 }
 
 /// What `MKL_realloc` does with the address, as `src/allocator.rs` and the
@@ -247,7 +275,7 @@ fn zero_sized_layouts_never_reach_mkl() {
     miri,
     ignore = "measures where MKL puts a reallocated block; Miri's MKL emulation always moves it"
 )]
-fn realloc_keeps_the_address_on_shrink_and_moves_on_real_growth() {
+fn realloc_keeps_the_address_on_shrink_and_the_contents_on_growth() {
     use core::alloc::GlobalAlloc;
     let _g = serial();
     let l = |size| Layout::from_size_align(size, 64).unwrap();
@@ -268,8 +296,12 @@ fn realloc_keeps_the_address_on_shrink_and_moves_on_real_growth() {
             let p = MklAllocator.alloc(l(from));
             assert!(!p.is_null());
             p.write_bytes(0x5A, from);
+            // With MKL on the crate's memory, MKL's realloc asks i_realloc:
+            // the C runtime's realloc for a small block, mremap for a
+            // chunk. Either may grow in place or move; contents stay.
             let q = MklAllocator.realloc(p, l(from), to);
-            assert_ne!(q, p, "{from} -> {to} B moves the block");
+            assert!(!q.is_null());
+            assert_eq!(q as usize % 64, 0);
             assert!((0..from).all(|i| *q.add(i) == 0x5A));
             MklAllocator.dealloc(q, l(to));
         }

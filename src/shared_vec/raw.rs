@@ -326,6 +326,7 @@ mod tests {
 
         // Dropping the RawBuf frees the block; no other copy of it exists.
         let _one_at_a_time = MKL.lock().unwrap_or_else(|e| e.into_inner());
+        manager::init(); // the backing's state is part of the stats
         let before = manager::stats();
         let mut raw = RawBuf::<u64>::allocate(1000, 64, false).unwrap();
         raw.extend_from_slice(&[1, 2, 3]).unwrap();

@@ -140,9 +140,10 @@ impl Cache {
     }
 
     /// A cached block of `size ..= size + size/8` bytes at an address that
-    /// is a multiple of `align` (a power of two), the smallest such; null
-    /// if there is none. The block leaves the cache: the caller owns it.
-    pub fn take(&self, size: usize, align: usize) -> *mut u8 {
+    /// is a multiple of `align` (a power of two), the smallest such, with
+    /// its size; null if there is none. The block leaves the cache: the
+    /// caller owns it.
+    pub fn take(&self, size: usize, align: usize) -> (*mut u8, usize) {
         let max = size.saturating_add(size / MAX_WASTE_DIV);
         let first = class(size);
         for shard in &self.shards[first..SHARDS.min(first + 2)] {
@@ -162,10 +163,10 @@ impl Cache {
                 let e = core::mem::replace(&mut slots.0[i], Entry::EMPTY);
                 drop(slots);
                 self.bytes.fetch_sub(e.size, Relaxed);
-                return e.ptr;
+                return (e.ptr, e.size);
             }
         }
-        ptr::null_mut()
+        (ptr::null_mut(), 0)
     }
 
     /// Offers the block `ptr` of `size` bytes to the cache at time `now`

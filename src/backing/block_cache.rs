@@ -1,35 +1,47 @@
-//! A bounded, decaying cache of freed large MKL blocks.
+//! A bounded, decaying cache of the chunks beneath MKL that MKL freed.
 //!
-//! For a big numeric buffer the allocator's cost is page faults: `MKL_free`
-//! hands a large block back to the system (glibc unmaps it), and the next
-//! block of that size is faulted in again, 4 KiB at a time. Numerical
-//! programs allocate the same big temporaries again and again (solver
-//! workspaces, per-iteration buffers, NumPy expression temporaries), so
-//! with this cache on, a freed MKL block of at least [`MIN_BLOCK`] bytes is
-//! kept, already faulted in (and with any huge-page advice it had), and the
-//! next request it fits takes it instead of a fresh block. The idea is
-//! mimalloc's segment reuse and jemalloc's retained dirty pages, bounded:
+//! For a big numeric buffer the allocator's cost is page faults: a freed
+//! large block goes back to the system, and the next block of that size is
+//! faulted in again, 4 KiB at a time. Numerical programs allocate the same
+//! big temporaries again and again (solver workspaces, per-iteration
+//! buffers, NumPy expression temporaries, MKL's own workspaces), so with
+//! this cache on, a chunk of at least [`MIN_BLOCK`] bytes that MKL frees
+//! (see the crate's `backing`: every MKL block of 1 MiB or more lives in
+//! one) is kept, already faulted in (and with any huge-page advice it had),
+//! and the next request it fits takes it instead of a fresh mapping; a
+//! growing chunk moves onto a cached one, whose pages are already there.
+//! The idea is mimalloc's segment reuse and jemalloc's retained dirty
+//! pages, bounded:
 //!
-//! - **Budget**: the bytes kept never exceed the budget given to [`enable`]
-//!   (a block that would exceed it is freed at once).
-//! - **Fit**: a request of `n` bytes at alignment `a` is served only by a
-//!   block of `n ..= n + n/8` bytes whose address is a multiple of `a`, so
-//!   at most 1/8 of a reused block is waste.
-//! - **Decay**: a block unused for [`DECAY_MS`] (or what [`set_decay_ms`]
-//!   set) is given back to MKL at the
-//!   next large allocation or free (as jemalloc decays without its
-//!   background thread: no thread is started here), or by
-//!   [`manager::free_buffers`](crate::manager::free_buffers), which empties
-//!   the cache.
-//! - **Accounting**: cached blocks are still MKL blocks, so `MKL_Mem_Stat`
-//!   counts them; [`manager::stats`](crate::manager::stats) reports them
+//! - **Budget**: the bytes kept, counted at each chunk's true (mapped)
+//!   size, never exceed the budget given to [`enable`] (a chunk that would
+//!   exceed it is unmapped at once). The default budget is an eighth of the
+//!   memory the process may use: physical memory, or the cgroup's limit
+//!   where that is lower ([`default_budget`]).
+//! - **Fit**: a request of `n` bytes is served only by a chunk of
+//!   `n ..= n + n/8` bytes, so at most 1/8 of a reused chunk is waste.
+//! - **Decay**: a chunk unused for [`DECAY_MS`] (or what [`set_decay_ms`]
+//!   set) is unmapped at the next large allocation or free, or at one of
+//!   the program's small frees through any path (every thread checks the
+//!   clock once per [`TICKS`] small frees: MKL's, `MklSplitAllocator`'s
+//!   system side, `c_heap`'s bins), as jemalloc decays without its
+//!   background thread: no thread is started here. A process that goes
+//!   idle has its cached chunks marked `MADV_FREE` as they enter the cache,
+//!   so the kernel takes their pages whenever it needs memory (jemalloc's
+//!   "muzzy" state); [`manager::free_buffers`](crate::manager::free_buffers)
+//!   empties the cache at once.
+//! - **Accounting**: cached chunks are not MKL blocks any more, so
+//!   `MKL_Mem_Stat` (and mkl-service's `mem_stat()`) count live blocks
+//!   only; [`manager::stats`](crate::manager::stats) reports the cache
 //!   apart (`cached_bytes`, `cached_buffers`).
+//! - **Out of memory**: an allocation that fails while the cache holds
+//!   chunks empties the cache and is tried once more.
 //!
-//! It serves every MKL block of the crate: [`MklAllocator`](crate::MklAllocator),
-//! the MKL side of [`MklSplitAllocator`](crate::MklSplitAllocator),
-//! [`SharedMklVec`](crate::SharedMklVec), and the Python package's NumPy
-//! handler. A large block's growth with the cache on is allocate + copy +
-//! free (the old block is then cached), instead of `MKL_realloc`.
+//! It serves every MKL block of 1 MiB or more, whoever asked for it:
+//! [`MklAllocator`](crate::MklAllocator), the MKL side of
+//! [`MklSplitAllocator`](crate::MklSplitAllocator),
+//! [`SharedMklVec`](crate::SharedMklVec), the Python package, and MKL's
+//! own routines.
 //!
 //! **Concurrency.** Blocks are kept in shards by size class (four classes
 //! per power of two), each a short mutex-protected array: threads working
@@ -40,25 +52,23 @@
 //! caching it happens-before the reuse by another thread.
 //!
 //! The budget counter is one atomic word (see `Cache`'s fields); a loom
-//! model (`loom_tests/block_cache.rs`) checks it against the shards.
+//! model (`loom_tests/block_cache.rs`) checks it against the shards. The
+//! cache's code runs inside MKL's calls (beneath MKL): it never allocates
+//! and never calls MKL.
 //!
 //! **On by default**, as MKL's own fast memory manager keeps freed buffers
 //! and jemalloc and mimalloc retain and decay theirs: with no configuration
 //! a numerical program's big temporaries and growing buffers are not
 //! faulted in again and again (docs/performance.md has the figures). The
-//! budget bounds what is kept, and decay gives it back: at the next large
-//! allocation or free, or, for a program that carries on with small
-//! blocks only, at one of its small frees (every thread checks the clock
-//! once per [`TICKS`] small frees, and only while the cache holds blocks),
-//! so an idle cache empties within a few decay periods. Memory the program
+//! budget bounds what is kept, and decay gives it back. Memory the program
 //! holds is [`manager::stats`](crate::manager::stats)`().live_bytes()`:
-//! MKL's count less the cached bytes. Turn it off with [`disable`] or the
-//! environment variable `MKL_ALLOC_BLOCK_CACHE`:
+//! MKL's own count. Turn the cache off with [`disable`] or the environment
+//! variable `MKL_ALLOC_BLOCK_CACHE`:
 //!
 //! | `MKL_ALLOC_BLOCK_CACHE` | Cache |
 //! |---|---|
-//! | unset, empty or `on` | on (the default), with a budget of [`default_budget`]`()`: an eighth of physical memory |
-//! | `off` or `0` | off: every free goes to MKL at once |
+//! | unset, empty or `on` | on (the default), with a budget of [`default_budget`]`()`: an eighth of physical memory or of the cgroup's limit |
+//! | `off` or `0` | off: every chunk MKL frees is unmapped at once |
 //! | a byte count (decimal digits) | on, with that budget |
 //!
 //! Read once, at the first allocation (or the first call of [`budget`]),
@@ -80,7 +90,9 @@
 //! drop(v); // kept, not freed
 //! assert!(block_cache::cached_bytes() >= 8 << 20);
 //! let w: Vec<f64, MklAllocator> = Vec::with_capacity_in(1 << 20, MklAllocator);
-//! assert_eq!(w.as_ptr(), first); // the same, already faulted-in block
+//! if mkl_alloc::backing::state() == mkl_alloc::backing::Backing::Active {
+//!     assert_eq!(w.as_ptr(), first); // the same, already faulted-in chunk
+//! }
 //! drop(w);
 //! manager::free_buffers(); // empties the cache
 //! assert_eq!(block_cache::cached_bytes(), 0);
@@ -93,45 +105,34 @@
 /// cache's lock and bookkeeping would be a larger share of the block's cost.
 pub const MIN_BLOCK: usize = 1 << 20;
 
-/// The budget `MKL_ALLOC_BLOCK_CACHE=on` sets: an eighth of the machine's
-/// physical memory (3 GiB on a 24 GiB machine), or 1 GiB where that cannot
-/// be read. Proportional, because what a program can afford to keep idle is
-/// a share of the machine; an eighth holds a whole doubling chain of
-/// buffers up to 1 GiB on a machine of 16 GiB or more (see the README's
-/// rows for a push to 10^8).
+/// The budget `MKL_ALLOC_BLOCK_CACHE=on` sets: an eighth of the memory the
+/// process may use, the smaller of physical memory and the limit of its
+/// cgroup (v2's `memory.max`, or v1's `memory.limit_in_bytes`, of its
+/// cgroup and every ancestor; "unlimited" is ignored), or 1 GiB where
+/// neither can be read. 3 GiB on a 24 GiB machine, 64 MiB in a container
+/// limited to 512 MiB. Proportional, because what a program can afford to
+/// keep idle is a share of what it may use; an eighth holds a whole
+/// doubling chain of buffers up to 1 GiB on a machine of 16 GiB or more
+/// (see the README's rows for a push to 10^8).
 ///
 /// ```
 /// let b = mkl_alloc::block_cache::default_budget();
 /// assert!(b >= mkl_alloc::block_cache::MIN_BLOCK);
 /// ```
 pub fn default_budget() -> usize {
-    #[cfg(not(miri))]
-    {
-        // SAFETY: sysconf takes any name and returns -1 for one it does not
-        // know; it allocates nothing.
-        let (pages, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_PHYS_PAGES),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
-        if pages > 0 && page > 0 {
-            return ((pages as usize).saturating_mul(page as usize) / 8).max(MIN_BLOCK);
-        }
-    }
-    1 << 30
+    super::default_budget()
 }
 
-/// A cached block unused for this many milliseconds is given back to MKL
-/// (at the next large allocation or free), unless [`set_decay_ms`] says
-/// otherwise. One second: a loop that allocates the same temporaries again
-/// within a second keeps them; an idle program's large freed memory goes
-/// back within a second of its next large allocation (jemalloc's default is
-/// ten seconds).
+/// A cached chunk unused for this many milliseconds is unmapped (at the
+/// next large allocation or free, or a small free's check), unless
+/// [`set_decay_ms`] says otherwise. One second: a loop that allocates the
+/// same temporaries again within a second keeps them (jemalloc's default
+/// is ten seconds).
 pub const DECAY_MS: usize = 1000;
 
-/// A thread checks whether cached blocks are due to decay once per this
-/// many of its small frees (a countdown in a thread-local word; the clock
+/// A thread checks whether cached chunks are due to decay once per this
+/// many of its small frees (MKL's, the split allocator's system side,
+/// c_heap's bins) (a countdown in a thread-local word; the clock
 /// is read only then, and only while the cache holds blocks).
 pub const TICKS: u32 = 1024;
 
@@ -146,8 +147,8 @@ mod instance {
 
     use super::shards::Cache;
     use super::{MIN_BLOCK, default_budget};
+    use crate::backing::map;
     use crate::env::SizePolicy;
-    use crate::ffi;
 
     static CACHE: Cache = Cache::new();
 
@@ -175,7 +176,7 @@ mod instance {
         POLICY.set(MIN_BLOCK);
     }
 
-    /// Turns the cache off and gives every cached block back to MKL.
+    /// Turns the cache off and unmaps every cached chunk.
     /// Overrides `MKL_ALLOC_BLOCK_CACHE`.
     ///
     /// ```
@@ -210,8 +211,8 @@ mod instance {
         }
     }
 
-    /// Sets the decay time: a block unused for `ms` milliseconds is given
-    /// back to MKL at the next large allocation or free (default
+    /// Sets the decay time: a chunk unused for `ms` milliseconds is
+    /// unmapped at the next large allocation or free (default
     /// [`DECAY_MS`](super::DECAY_MS)).
     ///
     /// ```
@@ -234,12 +235,12 @@ mod instance {
         CACHE.decay_ms()
     }
 
-    /// Bytes held in the cache: freed by their users, still allocated from
-    /// MKL (and counted by `MKL_Mem_Stat`).
+    /// Bytes held in the cache, at the chunks' true sizes: freed by MKL,
+    /// kept mapped for reuse, not counted by `MKL_Mem_Stat`.
     ///
     /// ```
     /// let idle: usize = mkl_alloc::block_cache::cached_bytes();
-    /// println!("{idle} bytes of freed MKL blocks kept for reuse");
+    /// println!("{idle} bytes of freed chunks kept for reuse");
     /// ```
     pub fn cached_bytes() -> usize {
         CACHE.bytes()
@@ -250,16 +251,16 @@ mod instance {
         CACHE.held()
     }
 
-    /// Gives every cached block back to MKL (`manager::free_buffers`).
+    /// Unmaps every cached chunk (`manager::free_buffers`, and an
+    /// allocation that failed).
     pub(crate) fn empty() {
         CACHE.drain(free_to_mkl);
     }
 
-    fn free_to_mkl(ptr: *mut u8, _size: usize) {
-        // SAFETY: every block in the cache is a live MKL block that its
-        // user freed into the cache; it left the cache, so this is its one
-        // free.
-        unsafe { ffi::MKL_free(ptr.cast()) }
+    fn free_to_mkl(ptr: *mut u8, size: usize) {
+        // SAFETY: every entry of the cache is a chunk of `size` bytes that
+        // MKL freed into it; it left the cache, so nothing else has it.
+        unsafe { map::unmap(ptr, size) }
     }
 
     /// Milliseconds of the coarse monotonic clock: a vDSO read of the
@@ -298,11 +299,12 @@ mod instance {
         }
     }
 
-    /// A cached block for `size` bytes at `align`, or null. Decays first.
+    /// A cached chunk for a request of `size` bytes and its true size, or
+    /// null. Decays first.
     #[inline(never)]
-    pub(crate) fn take(size: usize, align: usize) -> *mut u8 {
+    pub(crate) fn take(size: usize) -> (*mut u8, usize) {
         CACHE.decay(now_ms(), free_to_mkl);
-        CACHE.take(size, align)
+        CACHE.take(size, 1)
     }
 
     /// Counts one small free of this thread; every [`TICKS`](super::TICKS)th
@@ -345,16 +347,21 @@ mod instance {
         unsafe { CACHE.unlock_after_fork(child) }
     }
 
-    /// Offers a freed block to the cache; `false`: not kept, the caller
-    /// frees it.
+    /// Offers a freed chunk to the cache; `false`: not kept, the caller
+    /// unmaps it. A kept chunk is marked `MADV_FREE` first (see the module
+    /// docs: the kernel may take its pages if it needs them).
     ///
     /// # Safety
-    /// `ptr` is a live MKL block of at least `size` bytes that its owner
-    /// gives up (it is not used again).
+    /// `ptr` is a chunk of exactly `size` bytes that nothing uses any more.
     #[inline(never)]
     pub(crate) unsafe fn give(ptr: *mut u8, size: usize) -> bool {
         let now = now_ms();
         CACHE.decay(now, free_to_mkl);
+        if size > CACHE.budget().saturating_sub(CACHE.bytes()) {
+            return false;
+        }
+        // SAFETY: the caller's contract: the contents are nobody's.
+        unsafe { map::lazy_free(ptr, size) };
         CACHE.give(ptr, size, now, free_to_mkl)
     }
 }
@@ -367,8 +374,8 @@ mod instance {
     pub(crate) fn covers(_size: usize) -> bool {
         false
     }
-    pub(crate) fn take(_size: usize, _align: usize) -> *mut u8 {
-        core::ptr::null_mut()
+    pub(crate) fn take(_size: usize) -> (*mut u8, usize) {
+        (core::ptr::null_mut(), 0)
     }
     pub(crate) unsafe fn give(_ptr: *mut u8, _size: usize) -> bool {
         false
@@ -377,6 +384,9 @@ mod instance {
         (0, 0)
     }
     pub(crate) fn empty() {}
+    pub(crate) fn cached_bytes() -> usize {
+        0
+    }
     #[inline(always)]
     pub(crate) fn tick() {}
 }

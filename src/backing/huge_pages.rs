@@ -2,15 +2,16 @@
 //!
 //! For a big numeric buffer the allocator's cost is page faults, not
 //! bookkeeping: first touching 512 MiB takes 131 073 faults on 4 KiB pages and
-//! 258 on 2 MiB pages. With the policy on, every MKL block of at least the
-//! threshold that [`MklAllocator`](crate::MklAllocator),
-//! [`MklSplitAllocator`](crate::MklSplitAllocator) or
-//! [`SharedMklVec`](crate::SharedMklVec) allocates, zero-allocates or grows
-//! is asked of MKL at a 2 MiB boundary and has its 2 MiB-aligned interior
-//! advised with `madvise(MADV_HUGEPAGE)`, and a growing block is moved by
-//! allocate + advise + copy + free (instead of `MKL_realloc`, which copies
-//! into fresh unadvised memory), so the copy itself lands on huge pages.
-//! Blocks below the threshold, and shrinks, are untouched.
+//! 258 on 2 MiB pages. With the policy on, every chunk beneath MKL (see the
+//! crate's `backing`) of at least the threshold, whoever asked MKL for it
+//! ([`MklAllocator`](crate::MklAllocator),
+//! [`MklSplitAllocator`](crate::MklSplitAllocator),
+//! [`SharedMklVec`](crate::SharedMklVec), NumPy under the Python handler,
+//! MKL's own routines), is advised with `madvise(MADV_HUGEPAGE)` when it is
+//! mapped, taken from the cache or grown. Chunks start on 2 MiB boundaries,
+//! so every whole 2 MiB frame of one can be a huge page, and a chunk grown
+//! with `mremap` keeps its huge pages (their page tables move). Chunks
+//! below the threshold are untouched.
 //!
 //! **On by default** for blocks of [`DEFAULT_THRESHOLD`] (4 MiB) and more,
 //! the threshold at which NumPy's own allocator advises its blocks: with
@@ -94,12 +95,10 @@ pub fn enable(min_bytes: usize) {
     // OFF is no threshold at all: usize::MAX - 1 selects the same blocks
     // (none has size usize::MAX), and 0 is stored as 1 (every block).
     POLICY.set(min_bytes.min(OFF - 1));
-    crate::process::refresh();
 }
 
-/// Turns the policy off: from now on every MKL block is allocated, grown
-/// and freed with exactly the MKL calls of a build without huge-page
-/// support. Overrides `MKL_ALLOC_HUGE_PAGES`.
+/// Turns the policy off: chunks mapped or grown from now on are not
+/// advised. Overrides `MKL_ALLOC_HUGE_PAGES`.
 ///
 /// ```
 /// use mkl_alloc::huge_pages;
@@ -109,7 +108,6 @@ pub fn enable(min_bytes: usize) {
 /// ```
 pub fn disable() {
     POLICY.set(OFF);
-    crate::process::refresh();
 }
 
 /// The threshold in force: `Some(min_bytes)` while the policy is on, `None`
@@ -232,24 +230,6 @@ pub(crate) fn applies(size: usize) -> bool {
     POLICY.covers(size, read_env)
 }
 
-/// The alignment to ask MKL for a block the policy covers: at least
-/// [`HUGE_PAGE_SIZE`] once the block can hold a huge page. Only the 2 MiB
-/// frames wholly inside a block can be huge pages; MKL places a large block
-/// a header past a page boundary, so an unaligned block of `k` huge pages'
-/// size holds only `k - 1` frames (a 2 MiB block none, a 4 MiB block half
-/// its size). Measured: a 64 MiB block took 544 faults to first touch
-/// before (32 huge pages + 2 MiB of 4 KiB pages), 34 after; a push of
-/// `Vec<f64, MklAllocator>` to 10^7 4 027 faults before, 596 after. The cost is up
-/// to 2 MiB of address space before the block, which is never touched.
-#[inline]
-pub(crate) fn block_align(size: usize, align: usize) -> usize {
-    if size >= HUGE_PAGE_SIZE {
-        align.max(HUGE_PAGE_SIZE)
-    } else {
-        align
-    }
-}
-
 /// Advises the 2 MiB-aligned interior of the block `[ptr, ptr + size)` with
 /// `MADV_HUGEPAGE` and counts the bytes if the kernel accepts. Failure (THP
 /// not built in, `EINVAL`) is ignored: the block is as usable as before.
@@ -278,5 +258,22 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
     };
     if rc == 0 {
         ADVISED.fetch_add((end - start) as u64, Relaxed);
+    }
+}
+
+/// Advises a whole chunk `[ptr, ptr + size)` beneath MKL (2 MiB-aligned, a
+/// whole number of 4 KiB pages), counting its whole 2 MiB frames. The
+/// advice covers the chunk's partial last frame too, so that the mapping
+/// stays one (`mremap` moves only a single mapping); that frame stays on
+/// small pages anyway, the mapping ending inside it.
+///
+/// # Safety
+/// `[ptr, ptr + size)` is a chunk of the crate's that the caller owns.
+pub(crate) unsafe fn advise_chunk(ptr: *mut u8, size: usize) {
+    // SAFETY: the caller's contract; MADV_HUGEPAGE changes neither contents
+    // nor protection.
+    let rc = unsafe { libc::madvise(ptr.cast::<c_void>(), size, libc::MADV_HUGEPAGE) };
+    if rc == 0 {
+        ADVISED.fetch_add((size & !(HUGE_PAGE_SIZE - 1)) as u64, Relaxed);
     }
 }
