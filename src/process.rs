@@ -37,7 +37,9 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
-use crate::backing::{self, block_cache, huge_pages};
+#[cfg(not(loom))]
+use crate::backing::block_cache;
+use crate::backing::{self, huge_pages};
 
 /// Sizes at or above this take the slow path (0 until the setup has run).
 static SLOW: AtomicUsize = AtomicUsize::new(0);
