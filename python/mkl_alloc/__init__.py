@@ -249,7 +249,7 @@ def _rebuild(cls: type[_M], data: Buffer, alignment: int) -> _M:
     calling ``cls.__init__`` (as pickle does for ordinary classes)."""
     if not (isinstance(cls, type) and issubclass(cls, MKLMemory)):
         raise TypeError(f"_rebuild: {cls!r} is not MKLMemory or a subclass of it")
-    return MKLMemory.__new__(cls, data, alignment)
+    return MKLMemory.__new__(cls, data, alignment=alignment)
 
 
 # --- NumPy arrays on MKL memory (NEP 49) -----------------------------------
