@@ -32,9 +32,10 @@ def test_int_source_gives_zeroed_bytes_of_that_size():
     assert m.exports == 0
 
 
-@pytest.mark.parametrize("bad", [0, 3, 5, 12, 24, 96, 100, 129, 1000, 2**31, -64, 2**100])
+@pytest.mark.parametrize("bad", [3, 5, 12, 24, 96, 100, 129, 1000, 2**29 + 1, 2**30 - 1])
 def test_refused_alignments_are_value_errors_naming_the_value(bad):
-    with pytest.raises(ValueError, match=f"alignment={bad}.*power of two"):
+    # Below 1 and above 2**30: mkl-service's messages, in test_seed_compat.py.
+    with pytest.raises(ValueError, match=rf"alignment={bad}\): the alignment must be a power of two"):
         MKLMemory(16, alignment=bad)
 
 
