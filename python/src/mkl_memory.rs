@@ -27,10 +27,21 @@ use crate::{dlpack, fork_gate};
 
 /// MKL-allocated memory exported to Python through the buffer protocol and DLPack.
 ///
-/// ``source`` is an ``int`` n >= 1 (n zero bytes) or any object exporting a
-/// buffer (its bytes copied in C order; the source stays exported during the
-/// copy). ``alignment`` is a power of two up to 2**30; the block's address is
-/// a multiple of it, across every ``realloc``.
+/// mkl-service's constructor forms, with the same meaning:
+///
+/// - ``MKLMemory(nbytes, *, alignment=64)``: ``nbytes`` >= 1 zero bytes;
+/// - ``MKLMemory(num, size, *, alignment=64)``: ``num * size`` zero bytes
+///   (``mkl_calloc``), large blocks zeroed lazily; a product beyond any
+///   block is a ``MemoryError``;
+/// - ``MKLMemory(other, *, alignment=other.alignment)``: a copy of another
+///   ``MKLMemory`` in a new block;
+///
+/// and ``MKLMemory(buffer, *, alignment=64)``: a copy of any other object
+/// exporting a buffer (its bytes in C order; the source stays exported
+/// during the copy). Sizes and alignments may be any integer
+/// (``numbers.Integral``). ``alignment`` is keyword-only, a power of two
+/// from 1 to 2**30; the block's address is a multiple of it, across every
+/// ``realloc``.
 ///
 /// ``memoryview(m)``, ``np.frombuffer(m, dtype)``, ``np.asarray(m)`` and
 /// ``np.from_dlpack(m)`` share the block (no copy). While any such export is
@@ -400,8 +411,6 @@ impl MKLMemory {
         Ok(unsafe { PyBytes::from_ptr(py, export.as_ptr(), export.len()) })
     }
 
-    /// realloc(new_nbytes, *, refcheck=True)
-    ///
     /// Resizes the block to ``new_nbytes`` (>= 1), keeping the contents up to
     /// the smaller size, zero-filling new bytes and keeping the alignment.
     /// The checks, in this order:
