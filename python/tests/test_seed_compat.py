@@ -29,8 +29,11 @@ IS = "is referenced by other objects"
 MAY = "may be referenced by another object"
 # What realloc says with one other holder (an alias, a list, a bound
 # method): a count of 3 before 3.14 (the variable, the call's and the
-# holder's), 2 from 3.14 (the call borrows the variable's).
-ONE_OTHER = MAY if FROM_3_14 else IS
+# holder's), measured. From 3.14 the call usually borrows the variable's
+# reference (2: "may be"), but not always (3: "is"); the 3.14 expectations
+# follow the rule as CPython documents it, not a run (the suite has been
+# run on 3.11).
+ONE_OTHER = f"({MAY}|{IS})" if FROM_3_14 else IS
 
 
 # --- the constructor forms ----------------------------------------------------
@@ -252,7 +255,8 @@ def test_what_a_closure_shared_between_threads_sees():
         t.start()
         t.join()
     if FROM_3_14:
-        assert all(MAY in o for o in outcomes), outcomes
+        # The cell's reference and the call's: "may be referenced".
+        assert all(o == "ok" or MAY in o for o in outcomes), outcomes
     else:
         assert outcomes == ["ok"] * 4
         assert m.nbytes == 35
