@@ -172,6 +172,7 @@ def test_docstrings_everywhere():
         MKLMemory.__deepcopy__,
         MKLMemory.__sizeof__,
         MKLMemory.nbytes,
+        MKLMemory.size,
         MKLMemory.alignment,
         MKLMemory._pointer,
         MKLMemory.exports,
