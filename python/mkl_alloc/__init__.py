@@ -1,11 +1,14 @@
 """MKL-allocated memory for Python, exported to NumPy without copies.
 
-``MKLMemory(source, alignment=64)`` is a block of Intel oneMKL memory
-(``mkl_malloc``-family, aligned to any power of two up to 2**30) that
-exports itself through the buffer protocol (``memoryview``,
-``np.frombuffer``, ``np.asarray``) and DLPack (``np.from_dlpack``), and
-counts its live exports so that ``realloc`` is refused (``BufferError``)
-while any of them lives. It is built on the Rust crate mkl-alloc's
+``MKLMemory`` is a block of Intel oneMKL memory (``mkl_malloc``-family,
+aligned to any power of two up to 2**30) that exports itself through the
+buffer protocol (``memoryview``, ``np.frombuffer``, ``np.asarray``) and
+DLPack (``np.from_dlpack``), and counts its live exports so that
+``realloc`` is refused (``BufferError``) while any of them lives. It takes
+mkl-service's constructor forms, ``MKLMemory(nbytes)``,
+``MKLMemory(num, size)`` (zeroed) and ``MKLMemory(other)`` (a copy), plus a
+copy of any buffer, all with a keyword-only ``alignment=64``; and
+mkl-service's ``realloc`` reference check (``refcheck=True``). It is built on the Rust crate mkl-alloc's
 ``SharedMklVec``, whose one-word view/resize protocol is checked by loom,
 so the count and the realloc cannot race, with or without the GIL.
 
@@ -249,7 +252,7 @@ def _rebuild(cls: type[_M], data: Buffer, alignment: int) -> _M:
     calling ``cls.__init__`` (as pickle does for ordinary classes)."""
     if not (isinstance(cls, type) and issubclass(cls, MKLMemory)):
         raise TypeError(f"_rebuild: {cls!r} is not MKLMemory or a subclass of it")
-    return MKLMemory.__new__(cls, data, alignment)
+    return MKLMemory.__new__(cls, data, alignment=alignment)
 
 
 # --- NumPy arrays on MKL memory (NEP 49) -----------------------------------

@@ -6,7 +6,7 @@
 # Buffer is PEP 688's collections.abc.Buffer (3.12+), CapsuleType is
 # types.CapsuleType (3.13+).
 
-from typing import Any, Final, Literal, SupportsIndex
+from typing import Any, Final, Literal, SupportsIndex, overload
 
 from typing_extensions import Buffer, CapsuleType, Self, disjoint_base
 
@@ -31,9 +31,27 @@ MAX_ALIGNMENT: Final[int]
 class MKLMemory:
     """MKL-allocated memory exported through the buffer protocol and DLPack."""
 
-    def __new__(cls, source: int | Buffer, alignment: int = 64) -> Self: ...
+    # mkl-service's three forms, and a copy of any other buffer. `alignment`
+    # is keyword-only (a second positional int is `size`); None, the
+    # runtime's default, means 64, or `other.alignment` for a copy of `other`.
+    @overload
+    def __new__(cls, nbytes: SupportsIndex, /, *, alignment: SupportsIndex | None = None) -> Self:
+        """`nbytes` zero bytes."""
+    @overload
+    def __new__(
+        cls, num: SupportsIndex, size: SupportsIndex, /, *, alignment: SupportsIndex | None = None
+    ) -> Self:
+        """`num * size` zero bytes (mkl_calloc), zeroed lazily when large."""
+    @overload
+    def __new__(cls, other: MKLMemory, /, *, alignment: SupportsIndex | None = None) -> Self:
+        """A copy of `other` in a new block, at `other.alignment` unless given."""
+    @overload
+    def __new__(cls, source: Buffer, /, *, alignment: SupportsIndex | None = None) -> Self:
+        """A copy of `source`'s bytes (C order) in a new block."""
     @property
     def nbytes(self) -> int: ...
+    @property
+    def size(self) -> int: ...
     @property
     def alignment(self) -> int: ...
     @property
@@ -42,7 +60,7 @@ class MKLMemory:
     def exports(self) -> int: ...
     def __len__(self) -> int: ...
     def tobytes(self) -> bytes: ...
-    def realloc(self, new_nbytes: int) -> None: ...
+    def realloc(self, new_nbytes: SupportsIndex, *, refcheck: bool = True) -> None: ...
     # The buffer protocol (PEP 688): what makes `memoryview(m)`,
     # `np.frombuffer(m)` and mpi4py's buffer arguments type-check. The
     # extension fills the C slots (bf_getbuffer/bf_releasebuffer); CPython

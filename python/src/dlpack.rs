@@ -11,8 +11,9 @@
 //! from then on the consumer calls the tensor's `deleter` when done. If the
 //! capsule dies unconsumed, its destructor calls the deleter itself. The
 //! deleter frees the tensor and drops the export (giving back its count in
-//! the buffer's state word); it touches no Python object, so it may run on
-//! any thread, attached to the interpreter or not.
+//! the buffer's state word, and freeing the MKL block if it was the last
+//! holder, inside the fork gate); it touches no Python object, so it may
+//! run on any thread, attached to the interpreter or not.
 
 use core::ffi::{CStr, c_void};
 use core::ptr::{self, NonNull};
@@ -21,6 +22,8 @@ use mkl_alloc::Export;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
+
+use crate::fork_gate;
 
 /// `kDLCPU`.
 pub const DEVICE_CPU: i32 = 1;
@@ -170,6 +173,13 @@ fn tensor(export: &Export<u8>) -> DLTensor {
 
 /// The tensor's deleter: frees the allocation and drops its export.
 ///
+/// Dropping the export may free MKL memory (`MKL_free`): always for a
+/// `copy=True` export, which holds the only reference to its block, and for
+/// any export that outlives its `MKLMemory`. A consumer may call this on any
+/// thread, without the interpreter (a JAX runtime thread, say), so while
+/// another thread forks: it passes the fork gate, like every MKL call made
+/// detached (see `fork_gate`).
+///
 /// # Safety
 /// `managed` is null or the header of an `Owned<M>` made by [`capsule`],
 /// deleted once (the DLPack contract).
@@ -177,7 +187,8 @@ unsafe extern "C" fn delete<M: Managed>(managed: *mut M) {
     if !managed.is_null() {
         // SAFETY: the header is the first field of a boxed `Owned<M>` whose
         // pointer (with the whole box's provenance) we handed out.
-        drop(unsafe { Box::from_raw(managed.cast::<Owned<M>>()) });
+        let owned = unsafe { Box::from_raw(managed.cast::<Owned<M>>()) };
+        fork_gate::pass(|| drop(owned));
     }
 }
 

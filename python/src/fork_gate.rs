@@ -16,7 +16,9 @@
 //! With the GIL, only the calls made detached (`py.detach`) can run while
 //! another thread forks (os.fork holds the GIL): `MKLMemory`'s allocation,
 //! copy-construction, `realloc` and DLPack copy, and `free_buffers`. Those
-//! pass the gate. (The NumPy handler's functions run with the GIL held; on
+//! pass the gate, and so does the DLPack tensor's deleter, which a consumer
+//! may call on any thread without the interpreter and which frees the
+//! block when its export was the last holder (always for `copy=True`). (The NumPy handler's functions run with the GIL held; on
 //! free-threaded CPython they, and frees on any thread, would need it too.)
 //! Not covered either: MKL's own clean-up when a thread that called it
 //! exits (`mm_cleanup_thread_cbk`, which takes the same locks, without the

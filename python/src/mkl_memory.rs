@@ -20,16 +20,28 @@ use mkl_alloc::{Export, MAX_ALIGN, SharedMklVec, SharedVecError};
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyCapsule, PyDict, PyInt, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyCapsule, PyDict, PyInt, PyTuple, PyType};
 
 use crate::{dlpack, fork_gate};
 
 /// MKL-allocated memory exported to Python through the buffer protocol and DLPack.
 ///
-/// ``source`` is an ``int`` n >= 1 (n zero bytes) or any object exporting a
-/// buffer (its bytes copied in C order; the source stays exported during the
-/// copy). ``alignment`` is a power of two up to 2**30; the block's address is
-/// a multiple of it, across every ``realloc``.
+/// mkl-service's constructor forms, with the same meaning:
+///
+/// - ``MKLMemory(nbytes, *, alignment=64)``: ``nbytes`` >= 1 zero bytes;
+/// - ``MKLMemory(num, size, *, alignment=64)``: ``num * size`` zero bytes
+///   (``mkl_calloc``), large blocks zeroed lazily; a product beyond any
+///   block is a ``MemoryError``;
+/// - ``MKLMemory(other, *, alignment=other.alignment)``: a copy of another
+///   ``MKLMemory`` in a new block;
+///
+/// and ``MKLMemory(buffer, *, alignment=64)``: a copy of any other object
+/// exporting a buffer (its bytes in C order; the source stays exported
+/// during the copy). Sizes and alignments may be any integer
+/// (``numbers.Integral``). ``alignment`` is keyword-only, a power of two
+/// from 1 to 2**30; the block's address is a multiple of it, across every
+/// ``realloc``.
 ///
 /// ``memoryview(m)``, ``np.frombuffer(m, dtype)``, ``np.asarray(m)`` and
 /// ``np.from_dlpack(m)`` share the block (no copy). While any such export is
@@ -39,43 +51,51 @@ pub struct MKLMemory {
     vec: Arc<SharedMklVec<u8>>,
 }
 
-/// What a size argument means, for error messages.
-#[derive(Clone, Copy)]
-enum SizeOf {
-    New,
-    Realloc,
-}
-
-impl SizeOf {
-    fn what(self) -> &'static str {
-        match self {
-            Self::New => "MKLMemory(nbytes)",
-            Self::Realloc => "MKLMemory.realloc(new_nbytes)",
-        }
+/// `value` as a Python `int`, if it is an integer: an `int` (or `bool`), or
+/// any other `numbers.Integral` (NumPy's integers: `np.prod(shape)` is an
+/// `np.int64`), through `__index__`, as the seed takes its sizes. `None` for
+/// anything else.
+fn integral<'py>(value: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyInt>>> {
+    if let Ok(int) = value.cast::<PyInt>() {
+        return Ok(Some(int.clone()));
     }
+    static INTEGRAL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = value.py();
+    if !value.is_instance(INTEGRAL.import(py, "numbers", "Integral")?)? {
+        return Ok(None);
+    }
+    static INDEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let index = INDEX.import(py, "operator", "index")?;
+    Ok(Some(index.call1((value,))?.cast_into::<PyInt>()?))
 }
 
-/// A byte count from a Python int: `TypeError` for a non-int, `ValueError`
-/// below 1, `MemoryError` beyond what any allocation can be.
-fn size_arg(value: &Bound<'_, PyAny>, of: SizeOf) -> PyResult<usize> {
-    let what = of.what();
-    if !value.is_instance_of::<PyInt>() {
+/// A count from a Python integer (see [`integral`]): `TypeError` for
+/// anything else, `ValueError` below 1, `MemoryError` beyond what any
+/// allocation can be. `what` is the call (`MKLMemory(nbytes)`), `name` the
+/// argument (`the size`, `num`), `unit` what it counts (`" byte"`, or empty).
+fn count_arg(value: &Bound<'_, PyAny>, what: &str, name: &str, unit: &str) -> PyResult<usize> {
+    let Some(int) = integral(value)? else {
         return Err(PyTypeError::new_err(format!(
-            "{what}: the size must be an int, not {}",
+            "{what}: {name} must be an int, not {}",
             value.get_type().name()?
         )));
-    }
-    match value.extract::<i64>() {
+    };
+    match int.extract::<i64>() {
         Ok(n) if n < 1 => Err(PyValueError::new_err(format!(
-            "{what}: the size must be at least 1 byte, got {n}"
+            "{what}: {name} must be at least 1{unit}, got {n}"
         ))),
-        Ok(n) => usize::try_from(n).map_err(|_| too_big(what, value)),
+        Ok(n) => usize::try_from(n).map_err(|_| too_big(what, &int)),
         // Out of i64's range: a huge negative is still a ValueError.
-        Err(_) if value.lt(0)? => Err(PyValueError::new_err(format!(
-            "{what}: the size must be at least 1 byte, got {value}"
+        Err(_) if int.lt(0)? => Err(PyValueError::new_err(format!(
+            "{what}: {name} must be at least 1{unit}, got {int}"
         ))),
-        Err(_) => Err(too_big(what, value)),
+        Err(_) => Err(too_big(what, &int)),
     }
+}
+
+/// A size in bytes: [`count_arg`] for `the size`.
+fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    count_arg(value, what, "the size", " byte")
 }
 
 fn too_big(what: &str, value: &Bound<'_, PyAny>) -> PyErr {
@@ -84,26 +104,35 @@ fn too_big(what: &str, value: &Bound<'_, PyAny>) -> PyErr {
     ))
 }
 
-/// An alignment from a Python int: a power of two in 1 ..= 2**30, else
-/// `ValueError` (`TypeError` for a non-int). `what` names the callable in
-/// the message (`MKLMemory`, `numpy_handler`), which takes it as its
-/// `alignment` argument.
+/// An alignment from a Python integer (see [`integral`]): a power of two in
+/// 1 ..= 2**30, else `ValueError` saying which rule it breaks, in the seed's
+/// words for the first two ("must be positive", "must not exceed"), then
+/// the power-of-two rule the seed's review found MKL needs; `TypeError` for
+/// a non-integer. `what` names the callable in the message (`MKLMemory`,
+/// `numpy_handler`), which takes it as its `alignment` argument.
 pub(crate) fn alignment_arg(what: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
-    if !value.is_instance_of::<PyInt>() {
+    let Some(int) = integral(value)? else {
         return Err(PyTypeError::new_err(format!(
             "{what}(alignment=...): the alignment must be an int, not {}",
             value.get_type().name()?
         )));
-    }
-    match value.extract::<i64>() {
-        Ok(a) if a > 0 && (a as u64).is_power_of_two() && a as u64 <= MAX_ALIGN as u64 => {
-            Ok(a as usize)
+    };
+    let rule = "MKL honours a power of two from 1 to 2**30";
+    let max = MAX_ALIGN as u64;
+    let broken = match int.extract::<i64>() {
+        Ok(a) if a > 0 && (a as u64).is_power_of_two() && a as u64 <= max => {
+            return Ok(a as usize);
         }
-        _ => Err(PyValueError::new_err(format!(
-            "{what}(alignment={value}): the alignment must be a power of two \
-             from 1 to 2**30 ({MAX_ALIGN}); MKL cannot honour other values"
-        ))),
-    }
+        Ok(a) if a <= 0 => format!("must be positive; {rule}"),
+        Err(_) if int.lt(0)? => format!("must be positive; {rule}"),
+        Ok(a) if a as u64 <= max => format!(
+            "must be a power of two from 1 to 2**30 ({MAX_ALIGN}); MKL cannot honour other values"
+        ),
+        _ => format!("must not exceed 2**30 ({MAX_ALIGN}); {rule}"),
+    };
+    Err(PyValueError::new_err(format!(
+        "{what}(alignment={int}): the alignment {broken}"
+    )))
 }
 
 /// The Python exception for a refused or failed operation on the buffer.
@@ -151,8 +180,8 @@ impl SourceBuffer {
             let err = PyErr::fetch(source.py());
             if err.is_instance_of::<PyTypeError>(source.py()) {
                 return Err(PyTypeError::new_err(format!(
-                    "MKLMemory(source): source must be an int (a size in bytes) or an \
-                     object exporting a buffer, not {}",
+                    "MKLMemory(x): a single argument must be an int (a size in bytes), an \
+                     MKLMemory or another object exporting a buffer (both copied), not {}",
                     source.get_type().name()?
                 )));
             }
@@ -175,6 +204,59 @@ impl MKLMemory {
     /// An export of the block, or `BufferError` saying why not.
     fn export(&self, what: &str) -> PyResult<Export<u8>> {
         SharedMklVec::export(&self.vec).map_err(|e| vec_error(what, e))
+    }
+
+    /// `n` zero bytes aligned to `align`: `MKL_calloc`'s, so a large block is
+    /// zeroed lazily (its pages are the kernel's zero pages until written).
+    fn zeroed(py: Python<'_>, n: usize, align: usize, what: &str) -> PyResult<Self> {
+        let vec = py
+            .detach(|| fork_gate::pass(|| SharedMklVec::<u8>::zeroed_with_alignment(n, align)))
+            .map_err(|e| vec_error(what, e))?;
+        Ok(Self { vec: Arc::new(vec) })
+    }
+
+    /// The seed's `MKLMemory(num, size)`: `num * size` zero bytes, the
+    /// product refused (`MemoryError`) where it exceeds any block.
+    fn zeroed_product(
+        py: Python<'_>,
+        num: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        align: usize,
+    ) -> PyResult<Self> {
+        const WHAT: &str = "MKLMemory(num, size)";
+        if integral(num)?.is_none() {
+            // Most likely the old positional alignment, MKLMemory(b"...", 128).
+            let hint = if integral(size)?.is_some() {
+                " (to copy a buffer at an alignment, pass it by keyword: \
+                 MKLMemory(source, alignment=...))"
+            } else {
+                ""
+            };
+            return Err(PyTypeError::new_err(format!(
+                "{WHAT}: num (the first of two arguments) must be an int, not {}{hint}",
+                num.get_type().name()?
+            )));
+        }
+        if integral(size)?.is_none() {
+            return Err(PyTypeError::new_err(format!(
+                "{WHAT}: size (the second of two arguments) must be an int, not {}",
+                size.get_type().name()?
+            )));
+        }
+        let n = count_arg(num, WHAT, "num", "")?;
+        let s = count_arg(size, WHAT, "size", " byte")?;
+        let total = n
+            .checked_mul(s)
+            .filter(|&t| isize::try_from(t).is_ok())
+            .ok_or_else(|| {
+                PyMemoryError::new_err(format!(
+                    "MKLMemory({n}, {s}): num * size = {} bytes is more than any block can \
+                     hold (isize::MAX = {})",
+                    n as u128 * s as u128,
+                    isize::MAX
+                ))
+            })?;
+        Self::zeroed(py, total, align, &format!("MKLMemory({n}, {s})"))
     }
 
     /// A copy of `source`'s bytes in a fresh block aligned to `align`.
@@ -243,32 +325,56 @@ impl MKLMemory {
 
 #[pymethods]
 impl MKLMemory {
+    /// The seed's three forms, and this package's copy of any buffer:
+    /// ``(nbytes)``, ``(num, size)`` (zeroed ``num * size`` bytes),
+    /// ``(other_mklmemory)`` (a copy at ``other``'s alignment) and
+    /// ``(buffer)`` (a copy at 64). ``alignment`` is keyword-only: a second
+    /// positional int is ``size``.
     #[new]
-    #[pyo3(signature = (source, alignment = None), text_signature = "(source, alignment=64)")]
+    #[pyo3(signature = (*args, alignment = None), text_signature = "(*args, alignment=None)")]
     fn py_new(
         py: Python<'_>,
-        source: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
         alignment: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        if !(1..=2).contains(&args.len()) {
+            return Err(PyTypeError::new_err(format!(
+                "MKLMemory() takes 1 or 2 positional arguments (nbytes; num, size; or a source \
+                 to copy) and alignment by keyword, but {} positional argument(s) were given",
+                args.len()
+            )));
+        }
         // Validate the alignment before anything is allocated.
         let align = match alignment {
-            Some(a) => alignment_arg("MKLMemory", a)?,
-            None => 64,
+            Some(a) => Some(alignment_arg("MKLMemory", a)?),
+            None => None,
         };
-        if source.is_instance_of::<PyInt>() {
-            let n = size_arg(source, SizeOf::New)?;
-            let vec = py
-                .detach(|| fork_gate::pass(|| SharedMklVec::<u8>::zeroed_with_alignment(n, align)))
-                .map_err(|e| vec_error(&format!("MKLMemory({n})"), e))?;
-            Ok(Self { vec: Arc::new(vec) })
-        } else {
-            Self::from_buffer(py, source, align)
+        let first = args.get_item(0)?;
+        if args.len() == 2 {
+            let second = args.get_item(1)?;
+            return Self::zeroed_product(py, &first, &second, align.unwrap_or(64));
         }
+        if let Some(int) = integral(&first)? {
+            let n = size_arg(int.as_any(), "MKLMemory(nbytes)")?;
+            return Self::zeroed(py, n, align.unwrap_or(64), &format!("MKLMemory({n})"));
+        }
+        if let Ok(other) = first.cast::<Self>() {
+            // The seed's copy keeps the source's alignment unless asked.
+            let align = align.unwrap_or_else(|| other.get().vec.alignment());
+            return Self::from_buffer(py, &first, align);
+        }
+        Self::from_buffer(py, &first, align.unwrap_or(64))
     }
 
-    /// Size of the block in bytes (``len(m)`` is the same).
+    /// Size of the block in bytes (``len(m)`` and ``size`` are the same).
     #[getter]
     fn nbytes(&self) -> usize {
+        self.vec.len()
+    }
+
+    /// Size of the block in bytes: ``nbytes``, by mkl-service's name.
+    #[getter]
+    fn size(&self) -> usize {
         self.vec.len()
     }
 
@@ -307,15 +413,57 @@ impl MKLMemory {
 
     /// Resizes the block to ``new_nbytes`` (>= 1), keeping the contents up to
     /// the smaller size, zero-filling new bytes and keeping the alignment.
-    /// Raises ``ValueError`` for ``new_nbytes < 1`` (checked first),
-    /// ``BufferError`` while exports are alive (naming how many) or another
-    /// thread reallocates, ``MemoryError`` if MKL cannot provide the block.
-    /// On any failure the pointer, size, alignment and contents are
-    /// unchanged. The copy runs without holding the interpreter.
-    fn realloc(&self, py: Python<'_>, new_nbytes: &Bound<'_, PyAny>) -> PyResult<()> {
-        let n = size_arg(new_nbytes, SizeOf::Realloc)?;
-        py.detach(|| fork_gate::pass(|| self.vec.try_resize_exact(n, 0)))
-            .map_err(|e| vec_error(&format!("MKLMemory.realloc({n})"), e))
+    /// The checks, in this order:
+    ///
+    /// 1. ``ValueError`` for ``new_nbytes < 1`` (``TypeError`` for a
+    ///    non-integer);
+    /// 2. ``BufferError`` while exports are alive (memoryviews, NumPy arrays,
+    ///    DLPack capsules: the message names how many) or another thread is
+    ///    reallocating;
+    /// 3. with ``refcheck`` (the default), mkl-service's reference rule, which
+    ///    is NumPy's for ``ndarray.resize``: ``ValueError`` if other Python
+    ///    objects reference this one (an alias, a container, a bound method),
+    ///    as they would see its size change under them. Before CPython 3.14
+    ///    it refuses a reference count above 2 (the caller's variable and
+    ///    the call's own); from 3.14, whose interpreter often borrows the
+    ///    caller's reference, any object not uniquely referenced, with
+    ///    "may be referenced" where the count is 2 (a false positive for a
+    ///    global or a closure's variable).
+    ///
+    /// ``refcheck=False`` skips only step 3, as ``ndarray.resize(refcheck=False)``
+    /// does, for an object that threads share on purpose. That stays memory
+    /// safe: every reader of the block (the buffer protocol, DLPack,
+    /// ``tobytes``, pickling, copies) holds an export counted in the same
+    /// atomic word that ``realloc`` must claim, exclusively and with no
+    /// export alive, before it moves the block. So a reader and a
+    /// ``realloc`` never overlap, and of two racing ``realloc`` calls one
+    /// wins and the other gets ``BufferError``. What it gives up is the
+    /// warning that another holder may see the size change.
+    ///
+    /// ``MemoryError`` if MKL cannot provide the block. On any failure the
+    /// pointer, size, alignment and contents are unchanged. The copy runs
+    /// without holding the interpreter.
+    #[pyo3(signature = (new_nbytes, *, refcheck = true))]
+    fn realloc(
+        slf: &Bound<'_, Self>,
+        new_nbytes: &Bound<'_, PyAny>,
+        refcheck: bool,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let n = size_arg(new_nbytes, "MKLMemory.realloc(new_nbytes)")?;
+        let what = format!("MKLMemory.realloc({n})");
+        let vec = &slf.get().vec;
+        // Exports before references, as the issue orders them; the resize
+        // below checks the exports again, in the same atomic claim.
+        let views = vec.view_count();
+        if views > 0 {
+            return Err(vec_error(&what, SharedVecError::Exported { views }));
+        }
+        if refcheck {
+            refcheck::check(slf.as_any(), &what)?;
+        }
+        py.detach(|| fork_gate::pass(|| vec.try_resize_exact(n, 0)))
+            .map_err(|e| vec_error(&what, e))
     }
 
     /// Buffer protocol: a 1-D, writable, format ``"B"`` view of the block,
@@ -514,5 +662,84 @@ impl MKLMemory {
             m.vec.alignment(),
             m.vec.view_count()
         ))
+    }
+}
+
+/// `realloc`'s reference rule, mkl-service's (`_MKLMemory_MayBeShared`),
+/// which is NumPy's for `ndarray.resize` (`PyArray_Resize`).
+///
+/// A method here receives `self` borrowed from the caller, as a Cython
+/// method does: `m.realloc(n)` sees the caller's reference (`m`) plus the
+/// one on the interpreter's stack, 2; an alias, a container or a bound
+/// method adds one. CPython 3.14 often pushes a borrowed reference instead
+/// (`LOAD_FAST_BORROW`), so there the rule is "uniquely referenced", with 2
+/// counted as "may be referenced" (a global, a closure's variable).
+mod refcheck {
+    use pyo3::exceptions::PyValueError;
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+
+    /// `ValueError` in the seed's words if other objects (may) reference `obj`.
+    pub(super) fn check(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+        // SAFETY: `obj` is a live object and we are attached.
+        let count = unsafe { ffi::Py_REFCNT(obj.as_ptr()) };
+        let how = if unique_rule(obj.py()) {
+            if is_uniquely_referenced(obj, count) {
+                return Ok(());
+            }
+            if count == 2 {
+                "may be referenced by another object. It is possible that this is a false \
+                 positive"
+            } else {
+                "is referenced by other objects"
+            }
+        } else if count > 2 {
+            "is referenced by other objects"
+        } else {
+            return Ok(());
+        };
+        Err(PyValueError::new_err(format!(
+            "{what}: Cannot realloc MKLMemory that {how} (reference count {count}); drop the \
+             other references, or pass refcheck=False for an object shared on purpose"
+        )))
+    }
+
+    /// Built for CPython 3.14 or later (not the stable ABI): its rule.
+    #[cfg(all(Py_3_14, not(Py_LIMITED_API)))]
+    fn unique_rule(_py: Python<'_>) -> bool {
+        true
+    }
+
+    #[cfg(all(Py_3_14, not(Py_LIMITED_API)))]
+    fn is_uniquely_referenced(obj: &Bound<'_, PyAny>, _count: isize) -> bool {
+        // SAFETY: a live object, attached. On free-threaded builds it also
+        // checks that this thread owns the object and no other thread holds
+        // a reference.
+        unsafe { ffi::PyUnstable_Object_IsUniquelyReferenced(obj.as_ptr()) != 0 }
+    }
+
+    /// The stable ABI (the abi3 wheel) may run on 3.14 and later, whose rule
+    /// it needs; it has no `PyUnstable_*` API, but only builds with the GIL,
+    /// where `PyUnstable_Object_IsUniquelyReferenced` is a count of 1.
+    #[cfg(Py_LIMITED_API)]
+    fn unique_rule(py: Python<'_>) -> bool {
+        static FROM_3_14: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *FROM_3_14.get_or_init(|| py.version_info() >= (3, 14))
+    }
+
+    #[cfg(Py_LIMITED_API)]
+    fn is_uniquely_referenced(_obj: &Bound<'_, PyAny>, count: isize) -> bool {
+        count == 1
+    }
+
+    /// Built for a CPython before 3.14: the count rule.
+    #[cfg(not(any(Py_3_14, Py_LIMITED_API)))]
+    fn unique_rule(_py: Python<'_>) -> bool {
+        false
+    }
+
+    #[cfg(not(any(Py_3_14, Py_LIMITED_API)))]
+    fn is_uniquely_referenced(_obj: &Bound<'_, PyAny>, count: isize) -> bool {
+        count == 1
     }
 }

@@ -228,3 +228,43 @@ def test_dlpack_capsule_outlives_the_object():
     del m
     gc.collect()
     assert bytes(d) == b"survivor" and d.ctypes.data == pointer
+
+
+def test_copied_tensors_deleted_on_threads_without_the_interpreter_free_their_blocks():
+    # A copy=True tensor holds the only reference to its block, so its
+    # deleter frees MKL memory: here called as a consumer's runtime threads
+    # would, through ctypes (which detaches from the interpreter for the
+    # call), four threads at once. The deleter passes the fork gate (issue
+    # 29); this checks that every block is freed and nothing waits there.
+    import threading
+
+    import mkl_alloc
+
+    gc.collect()
+    mkl_alloc.free_buffers()
+    baseline = mkl_alloc.mem_stat()
+    m = MKLMemory(b"copied" * 1000)
+    tensors = []
+    for _ in range(4 * 50):
+        cap = m.__dlpack__(max_version=(1, 0), copy=True)
+        address = _get_pointer(cap, b"dltensor_versioned")
+        assert _set_name(cap, b"used_dltensor_versioned") == 0  # consumed
+        tensors.append(address)
+    del cap
+    assert m.exports == 0  # copies: no export of m
+
+    def delete(addresses):
+        for address in addresses:
+            t = DLManagedTensorVersioned.from_address(address)
+            DELETER_VERSIONED(t.deleter)(ctypes.cast(address, ctypes.POINTER(DLManagedTensorVersioned)))
+
+    threads = [threading.Thread(target=delete, args=(tensors[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a deleter hung"
+    del m
+    gc.collect()
+    mkl_alloc.free_buffers()
+    assert mkl_alloc.mem_stat() == baseline

@@ -76,11 +76,44 @@ def test_mypy_rejects_a_misuse_of_mklmemory(tmp_path, cache):
         "n: str = m.nbytes\n"
         "peak_mem_usage('peak')\n"
         "m.exports = 3\n"
+        "MKLMemory(b'bytes', 64)\n"  # alignment is keyword-only
+        "m.realloc(8, False)\n"  # so is refcheck
+        "MKLMemory(1, 2, 3)\n"
     )
-    rc, out = run(["mypy", "--strict", "--cache-dir", cache, str(bad)], tmp_path)
+    rc, out = run(["mypy", "--strict", "--python-version", "3.12", "--cache-dir", cache,
+                   str(bad)], tmp_path)
     assert rc == 1, out
-    for line in (3, 4, 5, 6):
+    for line in (3, 4, 5, 6, 7, 8, 9):
         assert f"bad.py:{line}: error" in out, out
+
+
+def test_each_constructor_form_passes_mypy_strict(tmp_path, cache):
+    """mkl-service's three forms, the copy of any buffer, ``size`` and
+    ``realloc(refcheck=)``, as the stubs' overloads type them (3.12: bytes
+    and NumPy arrays as PEP 688 buffers)."""
+    forms = tmp_path / "forms.py"
+    forms.write_text(
+        "import numpy as np\n"
+        "from mkl_alloc import MKLMemory\n"
+        "a: MKLMemory = MKLMemory(1024)\n"
+        "b = MKLMemory(1024, alignment=4096)\n"
+        "c = MKLMemory(32, 32)\n"
+        "d = MKLMemory(np.int64(32), 32, alignment=128)\n"
+        "e = MKLMemory(c)\n"
+        "f = MKLMemory(c, alignment=256)\n"
+        "g = MKLMemory(b'bytes', alignment=64)\n"
+        "h = MKLMemory(np.arange(4))\n"
+        "n: int = a.size + a.nbytes + b.alignment\n"
+        "a.realloc(2048)\n"
+        "a.realloc(4096, refcheck=False)\n"
+        "class Sub(MKLMemory):\n"
+        "    pass\n"
+        "s: Sub = Sub(8, 8)\n"
+        "t: Sub = Sub(s)\n"
+    )
+    rc, out = run(["mypy", "--strict", "--python-version", "3.12", "--cache-dir", cache,
+                   str(forms)], tmp_path)
+    assert rc == 0, out
 
 
 def test_numpy_example_runs(tmp_path):
