@@ -634,3 +634,134 @@ fn disable_racing_frees_leaves_nothing_cached() {
         assert_eq!(manager::stats().cached_buffers, 0);
     }
 }
+
+/// Runs the ignored test `name` alone in a fresh process, through
+/// `wrapper` (a command line to put before it, e.g. `unshare`), with
+/// `env`; returns whether it passed, and its output.
+fn run_alone(name: &str, wrapper: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--test-threads=1",
+        "--nocapture",
+    ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success() && text.contains("1 passed"), text)
+}
+
+/// An allocation that fails while the cache holds memory empties the cache
+/// and is tried once more (on main before the backing, `MKL_malloc`
+/// returned null under `RLIMIT_AS` while the cache held 400 MiB).
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn a_failed_allocation_empties_the_cache_and_retries() {
+    let (ok, out) = run_alone("rlimit_child", &[], &[]);
+    assert!(ok, "{out}");
+}
+
+#[test]
+#[ignore = "run by a_failed_allocation_empties_the_cache_and_retries in a child process"]
+fn rlimit_child() {
+    block_cache::enable(1 << 30);
+    block_cache::set_decay_ms(3_600_000);
+    let held: Vec<*mut u8> = (0..4).map(|i| block(100 * MIB, 64, i)).collect();
+    for p in held {
+        free(p, 100 * MIB, 64);
+    }
+    assert_eq!(block_cache::cached_bytes(), 4 * chunk(100 * MIB, 64));
+    // Room for 300 MiB more address space: the cache's 400 MiB must go.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let limit = (vm_kib << 10) + 300 * MIB as u64;
+    let lim = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: sets this process's own soft limit from a valid struct.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    // SAFETY: a non-zero size.
+    let p = unsafe { MklAllocator.alloc(layout(350 * MIB, 64)) };
+    assert!(!p.is_null(), "350 MiB refused while the cache held 400 MiB");
+    assert_eq!(block_cache::cached_bytes(), 0);
+    free(p, 350 * MIB, 64);
+}
+
+/// The default budget inside a container: an eighth of the cgroup's limit,
+/// not of the host (on main before the backing, a cgroup limited to
+/// 512 MiB got a 3,013 MiB budget and was OOM-killed). The limit file is
+/// faked with a bind mount in a private mount namespace (root and
+/// `unshare` needed; skipped with a message otherwise).
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn the_default_budget_follows_the_cgroup_limit() {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let file = cgroups.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctl, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_end_matches('/');
+        let f = if ctl.split(',').any(|c| c == "memory") {
+            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        } else if ctl.is_empty() {
+            format!("/sys/fs/cgroup{path}/memory.max")
+        } else {
+            return None;
+        };
+        std::path::Path::new(&f).exists().then_some(f)
+    });
+    let Some(file) = file else {
+        eprintln!("skipped: no memory cgroup limit file for this process");
+        return;
+    };
+    let fake = std::env::temp_dir().join(format!("mkl-alloc-cgroup-{}", std::process::id()));
+    std::fs::write(&fake, "536870912\n").unwrap();
+    let script = format!(
+        "mount --bind {} {file} && exec \"$0\" \"$@\"",
+        fake.display()
+    );
+    let (ok, out) = run_alone(
+        "cgroup_child",
+        &["unshare", "-m", "sh", "-c", &script],
+        &[("MKL_ALLOC_EXPECT_BUDGET", &(64 * MIB).to_string())],
+    );
+    std::fs::remove_file(&fake).ok();
+    if !ok && (out.contains("Operation not permitted") || out.contains("No such file")) {
+        eprintln!("skipped: cannot fake a cgroup limit here: {out}");
+        return;
+    }
+    assert!(ok, "{out}");
+}
+
+#[test]
+#[ignore = "run by the_default_budget_follows_the_cgroup_limit in a child process"]
+fn cgroup_child() {
+    let expect: usize = std::env::var("MKL_ALLOC_EXPECT_BUDGET")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(block_cache::default_budget(), expect);
+    assert_eq!(block_cache::budget(), Some(expect), "the default in force");
+}
