@@ -15,12 +15,17 @@ so the count and the realloc cannot race, with or without the GIL.
 The module functions ``mem_stat()``, ``peak_mem_usage(mem_const)`` and
 ``free_buffers()`` mirror mkl-service's functions of the same names and act
 on the same MKL (the ``mkl`` wheel's ``libmkl_rt.so.3``); ``mem_stat()``
-also tells the freed blocks the block cache keeps apart from the memory the
-program holds (``live_bytes``).
+counts the blocks the program holds, and reports the freed ones the block
+cache keeps beneath MKL apart (``cached_bytes``).
 
-Importing the package sets up the crate's process-wide state before user
-code can start threads or fork (``mkl_alloc::manager::init``): it reads
-``MKL_ALLOC_BLOCK_CACHE`` and ``MKL_ALLOC_HUGE_PAGES``, registers the fork
+Loading the extension sets up the crate's process-wide state before user
+code can start threads or fork (``mkl_alloc::manager::init``, run by the
+crate's ELF constructor and again at import): it reads
+``MKL_ALLOC_BLOCK_CACHE`` and ``MKL_ALLOC_HUGE_PAGES``, points MKL's memory
+functions (``i_malloc`` & co.) at the crate's backing, so that MKL's blocks
+of 1 MiB or more, mkl-service's and NumPy's through the handler alike, are
+the crate's chunks (cached, on huge pages, grown with ``mremap``), unless
+MKL was called before the extension loaded; registers the fork
 handlers that keep the block cache consistent in a child, and calls each
 MKL entry point the package uses once, so that a child forked while other
 threads allocate never waits on libmkl_rt's lazy resolution. That call
@@ -110,22 +115,19 @@ class _MemStat(_MklCounts):
     ``mem_stat()["allocated_bytes"]``. Besides the tuple, attributes:
 
     - ``allocated_bytes``, ``allocated_buffers``: every block MKL counts
-      (``MKL_Mem_Stat``), including freed blocks of 1 MiB or more that the
-      block cache keeps for reuse (on by default; ``free_buffers()`` gives
-      them back, and the cache gives back on its own those left unused);
-    - ``cached_bytes``, ``cached_buffers``: of these, the block cache's;
-    - ``live_bytes``, ``live_buffers``: the rest, **the memory the program
-      holds**: ``allocated_bytes - cached_bytes`` and
-      ``allocated_buffers - cached_buffers``. ``live_bytes`` still counts,
-      for each cached block, what MKL counts beyond the block's own bytes:
-      its bookkeeping (tens of bytes) and, for a block on huge pages
-      (4 MiB and more by default), the 2 MiB of alignment it was asked
-      with; and both count the small blocks (up to 1024 bytes) that the
-      NumPy handler keeps in its bins for reuse.
+      (``MKL_Mem_Stat``): the live ones only, **the memory the program
+      holds**. Freed blocks of 1 MiB or more leave MKL's count: MKL frees
+      them into the block cache beneath it (on by default; ``free_buffers()``
+      empties it, and the cache gives back on its own what it keeps unused);
+    - ``cached_bytes``, ``cached_buffers``: what the block cache keeps
+      beneath MKL, at the chunks' true sizes, apart from MKL's count;
+    - ``live_bytes``, ``live_buffers``: the memory the program holds, MKL's
+      count (the same as ``allocated_*``; kept for code that read them when
+      MKL's count included the cache). Both count the small blocks (up to
+      1024 bytes) that the NumPy handler keeps in its bins for reuse.
 
     The two counts and the cache's are read one after the other: while other
-    threads allocate or free, they may be a moment apart (``live_*`` never
-    goes below 0).
+    threads allocate or free, they may be a moment apart.
     """
 
     # The cache's counts: a private tuple in the instance's __dict__ (a tuple
@@ -149,23 +151,23 @@ class _MemStat(_MklCounts):
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes of freed blocks the block cache keeps (counted by MKL)."""
+        """Bytes of freed chunks the block cache keeps beneath MKL (not in MKL's count)."""
         return self._cached[0]
 
     @property
     def cached_buffers(self) -> int:
-        """Blocks the block cache keeps (counted by MKL)."""
+        """Chunks the block cache keeps beneath MKL (not in MKL's count)."""
         return self._cached[1]
 
     @property
     def live_bytes(self) -> int:
-        """Memory the program holds: MKL's bytes less the cached ones."""
-        return max(self.allocated_bytes - self.cached_bytes, 0)
+        """Memory the program holds: MKL's count of live bytes."""
+        return self.allocated_bytes
 
     @property
     def live_buffers(self) -> int:
-        """Blocks in use: MKL's blocks less the cached ones."""
-        return max(self.allocated_buffers - self.cached_buffers, 0)
+        """Blocks in use: MKL's count of live blocks."""
+        return self.allocated_buffers
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"MemStat is read-only: cannot set {name!r}")
