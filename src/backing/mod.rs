@@ -169,6 +169,23 @@ pub(crate) fn install() {
             STATE.store(3, Relaxed);
             return;
         }
+        // libmkl_rt loads libmkl_core at its first call, and the core
+        // takes `i_malloc` & co. from the first library in the global
+        // scope that defines them. A Python extension (loaded with
+        // RTLD_LOCAL) brings libmkl_rt in locally, so the core would bind
+        // its own, untouched copies (measured: no chunk served). Promoting
+        // the already-loaded libmkl_rt to the global scope, before any MKL
+        // call, makes the core bind the ones set below.
+        #[cfg(all(feature = "mkl-rt", target_os = "linux"))]
+        // SAFETY: RTLD_NOLOAD loads nothing: it returns the library if it
+        // is loaded (it is, the crate links it) and only widens its scope;
+        // the handle is kept for the process's life.
+        unsafe {
+            libc::dlopen(
+                c"libmkl_rt.so.3".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_GLOBAL | libc::RTLD_LAZY,
+            );
+        }
         // SAFETY: MKL's pointers are plain data that MKL reads at its first
         // call; racing setups both write the same values (the previous ones
         // are read first, and a hook is never its own previous function:
