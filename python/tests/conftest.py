@@ -90,10 +90,3 @@ def huge_page_threshold():
     if value.isdigit():
         return int(value)
     return 4 * MiB
-
-
-def huge_page_pad(nbytes):
-    """What MKL counts beyond ``nbytes`` for the alignment of a block the
-    crate's huge-page policy covers: 2 MiB, or 0."""
-    threshold = huge_page_threshold()
-    return 2 * MiB if threshold is not None and nbytes >= threshold else 0

@@ -180,11 +180,17 @@ impl<T: Copy> RawBuf<T> {
             bytes: new_bytes,
             align,
         })?;
-        // A block resized in place is still counted at the size MKL holds;
-        // a fresh or moved one (always at a new address: the old block is
-        // live until the new one exists) at its new size.
+        // A fresh or moved block (always at a new address: the old block
+        // is live until the new one exists) is counted at its new size. One
+        // resized in place is counted at the larger of the two: MKL keeps
+        // its count where it resized the block itself (every shrink, and a
+        // growth within what it holds), and counts the new size where it
+        // grew the block through `i_realloc` (the C runtime's realloc, or a
+        // chunk's mremap, which may keep the address).
         if self.cap == 0 || ptr != self.ptr {
             self.held = mkl_counts(new_bytes, align);
+        } else {
+            self.held = self.held.max(mkl_counts(new_bytes, align));
         }
         self.ptr = ptr;
         self.cap = new_cap;
