@@ -62,7 +62,7 @@
 //! | a byte count (decimal digits) | on, with that budget |
 //!
 //! Read once, at the first allocation (or the first call of [`budget`]),
-//! with libc's `getenv`; any other value keeps the default, with one line
+//! with libc's `getenv` (`GetEnvironmentVariableW` on Windows); any other value keeps the default, with one line
 //! on stderr. [`enable`] and [`disable`] override it.
 //!
 //! **Fork.** The shards' locks are taken by a `pthread_atfork` handler
@@ -107,16 +107,8 @@ pub const MIN_BLOCK: usize = 1 << 20;
 pub fn default_budget() -> usize {
     #[cfg(not(miri))]
     {
-        // SAFETY: sysconf takes any name and returns -1 for one it does not
-        // know; it allocates nothing.
-        let (pages, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_PHYS_PAGES),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
-        if pages > 0 && page > 0 {
-            return ((pages as usize).saturating_mul(page as usize) / 8).max(MIN_BLOCK);
+        if let Some(bytes) = crate::sys::physical_memory() {
+            return (bytes / 8).max(MIN_BLOCK);
         }
     }
     1 << 30
@@ -266,15 +258,7 @@ mod instance {
     /// last tick (a few ns, no system call, no hardware clock read); its
     /// resolution (one kernel tick, 1-10 ms) is plenty for a decay of 1 s.
     fn now_ms() -> usize {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes one timespec through a valid pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-        (ts.tv_sec as usize)
-            .wrapping_mul(1000)
-            .wrapping_add(ts.tv_nsec as usize / 1_000_000)
+        crate::sys::now_ms()
     }
 
     /// Whether blocks of `size` bytes go through the cache: one relaxed

@@ -80,6 +80,7 @@ mod shared_vec;
 mod shrunk;
 mod split;
 mod sync;
+mod sys;
 mod zeroing;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
