@@ -275,6 +275,10 @@ fn shared_vec_and_the_split_allocator_use_the_cache() {
 
 #[test]
 #[cfg_attr(miri, ignore = "madvise: Miri has no pages to advise")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "THP advice is Linux's: on Windows no block is advised"
+)]
 fn cached_blocks_keep_their_huge_page_advice() {
     let _s = serial();
     block_cache::enable(64 * MIB);

@@ -191,6 +191,10 @@ fn rss_child() {
 
 #[test]
 #[cfg_attr(miri, ignore = "child processes and /proc")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "reads the resident set from Linux's /proc/self/statm"
+)]
 fn untouched_zeroed_memory_is_not_resident() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "rss_child", "--ignored", "--nocapture"])
