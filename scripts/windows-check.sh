@@ -9,7 +9,10 @@
 # and wine from Debian (apt-get), and the test-only bcryptprimitives.dll
 # that wine 8.0 lacks, built here from scripts/windows/bcryptprimitives.c.
 # Also checks that a static mode is refused on the GNU target with a
-# message that says what to use instead.
+# message that says what to use instead, and that the build script itself
+# compiles for a Windows host and runs there (under wine): offline on the
+# cache, making its folder of links; and with a part missing, taking that
+# part's lock (LockFileEx) before its fetch is tried.
 #
 # Skips, each with its reason in the source, all reported as `ignored`:
 # Linux-only tests (/proc's RSS and smaps, THP advice: four) are ignored off
@@ -75,6 +78,60 @@ step "cargo test --target $triple ${features[*]} --tests (under wine)"
 cargo test --target "$triple" "${features[@]}" --tests --no-fail-fast "$@" 2>&1 | tee "$work/test.log"
 step "the doctests, under wine"
 cargo test --target "$triple" "${features[@]}" --doc "$@" 2>&1 | tee "$work/doctest.log"
+
+# The build script as a Windows program (after the tests, whose build
+# filled the cache): build/main.rs with the root
+# Cargo.toml's build-dependencies, in a package of its own.
+step "the build script on a Windows host (compiled for $triple, run under wine)"
+bs="$work/build-script"
+mkdir -p "$bs/out"
+cat >"$bs/Cargo.toml" <<EOF
+[package]
+name = "mkl-alloc-build-script"
+version = "0.0.0"
+edition = "2024"
+rust-version = "1.85"
+publish = false
+
+[[bin]]
+name = "build-script"
+path = "$PWD/build/main.rs"
+
+[dependencies]
+intel-mkl-tool = { version = "0.8", default-features = false }
+
+[target.'cfg(unix)'.dependencies]
+libc = "0.2"
+
+[target.'cfg(windows)'.dependencies]
+windows-sys = { version = "0.61", features = ["Win32_Storage_FileSystem", "Win32_System_IO"] }
+
+[workspace]
+EOF
+cp Cargo.lock "$bs/Cargo.lock"
+cargo build --quiet --manifest-path "$bs/Cargo.toml" --target "$triple" --target-dir "$bs/target"
+exe="$bs/target/$triple/debug/build-script.exe"
+win() { printf 'Z:%s' "$(printf '%s' "$1" | tr '/' '\\')"; }
+run_build_script() { # the cache folder, then extra environment
+  local c=$1; shift
+  rm -rf "${bs:?}/out" && mkdir "$bs/out"
+  env OUT_DIR="$(win "$bs/out")" MKL_ALLOC_CACHE="$(win "$c")" CARGO_FEATURE_MKL_RT=1 \
+    CARGO_CFG_TARGET_OS=windows CARGO_CFG_TARGET_ENV=gnu RUSTC=false "$@" \
+    scripts/windows/runner.sh "$exe"
+}
+run_build_script "$cache" MKL_ALLOC_NO_DOWNLOAD=1 >"$bs/run.log" || true
+if ! grep -qx 'cargo:rustc-link-lib=dylib=mkl_rt.3' "$bs/run.log" || [ ! -s "$bs/out/mkl-lib/mkl_rt.3.dll" ]; then
+  echo "FAIL: the build script under wine did not link mkl_rt.3:"; cat "$bs/run.log"; exit 1
+fi
+echo "ok: offline on the cache; mkl_rt.3.dll in its folder of links (link count $(stat -c %h "$bs/out/mkl-lib/mkl_rt.3.dll"))"
+# A copy of the cache (hard links) with one part's stamp removed.
+rm -rf "${bs:?}/cache" && cp -al "$cache" "$bs/cache" && rm "$bs/cache/windows/.complete-libiomp5md.dll"
+run_build_script "$bs/cache" PYTHON=no-such-python >"$bs/fetch.log" || true
+if ! grep -q 'cannot run `no-such-python -m pip`' "$bs/fetch.log" || [ ! -e "$bs/cache/windows/.lock-libiomp5md.dll" ]; then
+  echo "FAIL: the missing part was not locked and fetched:"; cat "$bs/fetch.log"; exit 1
+fi
+echo "ok: a missing part is locked, then fetched (here the fetch fails: no pip under wine)"
+rm -rf "${bs:?}/cache"
 
 wineserver -k 2>/dev/null || true
 echo "windows-check: passed in $(( $(date +%s) - start )) s"
