@@ -17,7 +17,8 @@ use crate::pins::{MKL_INCLUDE, MKL_VERSION, Wheel};
 pub struct Part {
     pub wheel: &'static Wheel,
     pub dir: &'static str,
-    /// File names under the wheel's `data/lib/`; empty means every `mkl*.h`
+    /// File names under the wheel's `data/lib/` (`data/Library/bin/` and
+    /// `data/Library/lib/` in a Windows wheel); empty means every `mkl*.h`
     /// under `data/include/`.
     pub files: Vec<String>,
 }

@@ -12,6 +12,10 @@ use crate::prototypes;
 
 pub fn provision(config: intel_mkl_tool::Config) -> Result<()> {
     use intel_mkl_tool::{LinkType, Threading};
+    let windows = crate::windows::target_is_windows();
+    if windows {
+        crate::windows::check_config(config)?;
+    }
     if config.link == LinkType::Dynamic {
         // src/lib.rs keeps the core, threading and OpenMP libraries linked.
         println!("cargo:rustc-cfg=mkl_dynamic");
@@ -46,6 +50,9 @@ pub fn provision(config: intel_mkl_tool::Config) -> Result<()> {
         return Ok(());
     }
 
+    if windows {
+        return Err(crate::windows::no_cache_for_config(config));
+    }
     let libs = intel_mkl_tool::mkl_libs(config);
     let iomp = config.parallel == Threading::OpenMP;
     let mut parts = vec![Part::headers()];

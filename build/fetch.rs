@@ -28,9 +28,9 @@ pub fn fetch(cache: &Path, parts: &[&Part], what: &str) -> Result<()> {
     Sweep::default().run(cache);
     let mut wheels: BTreeMap<&str, &Wheel> = BTreeMap::new();
     for part in parts {
-        wheels.insert(part.wheel.project, part.wheel);
+        wheels.insert(part.wheel.file, part.wheel);
     }
-    let projects: Vec<&str> = wheels.keys().copied().collect();
+    let projects: Vec<&str> = wheels.values().map(|w| w.project).collect();
     println!(
         "cargo:warning=mkl-alloc: no installed MKL for {what} (pkg-config, MKLROOT, /opt/intel); \
          fetching {} {MKL_VERSION} with pip, once, into {}",
@@ -42,26 +42,34 @@ pub fn fetch(cache: &Path, parts: &[&Part], what: &str) -> Result<()> {
     fs::create_dir_all(&wheel_dir)
         .map_err(|e| format!("mkl-alloc: cannot create {}: {e}", wheel_dir.display()))?;
 
-    let requirements = work.path.join("requirements.txt");
-    let pins: String = wheels
-        .values()
-        .map(|w| format!("{}=={MKL_VERSION} --hash=sha256:{}\n", w.project, w.sha256))
-        .collect();
-    fs::write(&requirements, pins).map_err(|e| format!("mkl-alloc: {e}"))?;
+    // One pip download per platform tag (a Windows build needs the Windows
+    // wheels and the platform-independent headers of the Linux one).
     let python = python();
-    let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
-        .args(["--platform", "manylinux_2_28_x86_64", "--require-hashes"])
-        .arg("-d")
-        .arg(&wheel_dir)
-        .arg("-r")
-        .arg(&requirements)
-        .status()
-        .map_err(|e| format!("mkl-alloc: cannot run `{python} -m pip`: {e}"))?;
-    if !status.success() {
-        return Err(format!(
-            "mkl-alloc: `{python} -m pip download` failed ({status})"
-        ));
+    let mut platforms: Vec<&str> = wheels.values().map(|w| w.platform()).collect();
+    platforms.sort_unstable();
+    platforms.dedup();
+    for platform in platforms {
+        let requirements = work.path.join(format!("requirements-{platform}.txt"));
+        let pins: String = wheels
+            .values()
+            .filter(|w| w.platform() == platform)
+            .map(|w| format!("{}=={MKL_VERSION} --hash=sha256:{}\n", w.project, w.sha256))
+            .collect();
+        fs::write(&requirements, pins).map_err(|e| format!("mkl-alloc: {e}"))?;
+        let status = Command::new(&python)
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
+            .args(["--platform", platform, "--require-hashes"])
+            .arg("-d")
+            .arg(&wheel_dir)
+            .arg("-r")
+            .arg(&requirements)
+            .status()
+            .map_err(|e| format!("mkl-alloc: cannot run `{python} -m pip`: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "mkl-alloc: `{python} -m pip download` failed ({status})"
+            ));
+        }
     }
 
     // Verify (again: pip did too) and unpack only what the parts list.
@@ -81,7 +89,10 @@ with zipfile.ZipFile(wheel) as z:
     for info in z.infolist():
         base = info.filename.rsplit('/', 1)[-1]
         if names is not None:
-            if '/data/lib/' not in info.filename or base not in names:
+            # Linux wheels keep libraries in data/lib/, Windows wheels DLLs
+            # in data/Library/bin/ and import libraries in data/Library/lib/.
+            libdirs = ('/data/lib/', '/data/Library/bin/', '/data/Library/lib/')
+            if not any(d in info.filename for d in libdirs) or base not in names:
                 continue
         elif not ('/data/include/' in info.filename and base.startswith('mkl') and base.endswith('.h')):
             continue

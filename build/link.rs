@@ -37,7 +37,15 @@ pub fn emit_links(config: intel_mkl_tool::Config, dirs: &[PathBuf]) {
 /// A folder in `OUT_DIR` with a link to every MKL / OpenMP library of `dir`,
 /// plus the unversioned name (`libmkl_core.so` for `libmkl_core.so.3`) the
 /// linker looks for. Being inside the target directory, cargo puts it on the
-/// library path when it runs a dependent's binaries and tests.
+/// library path when it runs a dependent's binaries and tests (`PATH` on
+/// Windows, which is where Windows looks for DLLs).
+///
+/// Windows libraries (`mkl_*.dll`, `libiomp5md.dll`, `mkl_rt.lib`) keep
+/// their names: the GNU linker's `-lmkl_rt.3` finds `mkl_rt.3.dll`. The
+/// links are symbolic where the build runs on Unix (a cross-build for
+/// Windows included: wine follows them), and hard links, or copies where
+/// the cache is on another volume, where it runs on Windows (which needs a
+/// privilege for symbolic links).
 pub fn link_farm(dir: &Path) -> Result<PathBuf> {
     let out = PathBuf::from(env::var_os("OUT_DIR").ok_or("mkl-alloc: OUT_DIR is not set")?)
         .join("mkl-lib");
@@ -46,8 +54,11 @@ pub fn link_farm(dir: &Path) -> Result<PathBuf> {
     let entries = fs::read_dir(dir).map_err(|e| format!("mkl-alloc: {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let ours = name.starts_with("libmkl_") || name.starts_with("libiomp");
-        if !ours || !name.contains(".so") {
+        let unix =
+            (name.starts_with("libmkl_") || name.starts_with("libiomp")) && name.contains(".so");
+        let windows = (name.starts_with("mkl_") || name.starts_with("libiomp5md"))
+            && (name.ends_with(".dll") || name.ends_with(".lib"));
+        if !unix && !windows {
             continue;
         }
         let target = entry.path();
@@ -58,11 +69,22 @@ pub fn link_farm(dir: &Path) -> Result<PathBuf> {
         for link in names {
             let link = out.join(link);
             if !link.exists() {
-                std::os::unix::fs::symlink(&target, &link)
-                    .map_err(|e| format!("mkl-alloc: {}: {e}", link.display()))?;
+                place(&target, &link).map_err(|e| format!("mkl-alloc: {}: {e}", link.display()))?;
             }
         }
     }
     println!("cargo:rerun-if-changed={}", dir.display());
     Ok(out)
+}
+
+/// `link` made to stand for `target`: a symbolic link on a Unix host.
+#[cfg(unix)]
+fn place(target: &Path, link: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(target, link)
+}
+
+/// `link` made to stand for `target`: a hard link, or a copy across volumes.
+#[cfg(not(unix))]
+fn place(target: &Path, link: &Path) -> std::io::Result<()> {
+    fs::hard_link(target, link).or_else(|_| fs::copy(target, link).map(|_| ()))
 }

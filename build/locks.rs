@@ -24,16 +24,20 @@
 //!
 //! Locks are `flock`s, which belong to the open file and so are dropped by
 //! the kernel (or the NFS lock manager) when their build exits or is
-//! killed. Lock files are opened read-write, so that `flock` also works
+//! killed. On a Windows host they are `LockFileEx` locks of the whole
+//! file, which belong to the handle and are dropped the same way (the lock
+//! files are empty and never written, so the locks' being mandatory does
+//! not matter). Lock files are opened read-write, so that `flock` also works
 //! where it is emulated with POSIX locks (NFS). Where locks are local to
 //! each host (NFS's `local_lock=flock`), fetches on two hosts may overlap;
 //! they still never remove a stamp.
 //!
 //! Compiled into the build script and into `tests/build_locks.rs` (std and
-//! libc only): build scripts have no test harness.
+//! libc only; Unix hosts): build scripts have no test harness.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+#[cfg(unix)]
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -52,9 +56,63 @@ pub fn open_lock(path: &Path, create: bool) -> io::Result<File> {
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: whether this process now holds the lock.
+#[cfg(unix)]
 pub fn try_flock(file: &File) -> bool {
     // SAFETY: flock on a file descriptor this File owns; no memory involved.
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// `flock(LOCK_EX)`, waiting while another holds the lock.
+#[cfg(unix)]
+fn flock_wait(file: &File) -> io::Result<()> {
+    // SAFETY: flock on a file descriptor this File owns; no memory involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// An exclusive `LockFileEx` of the whole file, without waiting: whether
+/// this process now holds the lock.
+#[cfg(windows)]
+pub fn try_flock(file: &File) -> bool {
+    use windows_sys::Win32::Storage::FileSystem::LOCKFILE_FAIL_IMMEDIATELY;
+    lock_file_ex(file, LOCKFILE_FAIL_IMMEDIATELY).is_ok()
+}
+
+/// An exclusive `LockFileEx` of the whole file, waiting while another
+/// holds it.
+#[cfg(windows)]
+fn flock_wait(file: &File) -> io::Result<()> {
+    lock_file_ex(file, 0)
+}
+
+#[cfg(windows)]
+fn lock_file_ex(file: &File, extra_flags: u32) -> io::Result<()> {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{LOCKFILE_EXCLUSIVE_LOCK, LockFileEx};
+    use windows_sys::Win32::System::IO::OVERLAPPED;
+    // SAFETY: an all-zero OVERLAPPED is a valid one (offset 0, no event).
+    let mut overlapped: OVERLAPPED = unsafe { std::mem::zeroed() };
+    // SAFETY: the handle is this File's, open for the call; the range is
+    // the whole file; `overlapped` lives through the call, which is
+    // synchronous (the file is not opened for overlapped I/O).
+    let ok = unsafe {
+        LockFileEx(
+            file.as_raw_handle(),
+            LOCKFILE_EXCLUSIVE_LOCK | extra_flags,
+            0,
+            u32::MAX,
+            u32::MAX,
+            &mut overlapped,
+        )
+    };
+    if ok != 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Takes the lock at `path` (creating the file and its folder), waiting
@@ -71,11 +129,9 @@ pub fn lock_wait(path: &Path) -> Result<File, String> {
         )
     })?;
     loop {
-        // SAFETY: flock on a file descriptor this File owns; no memory involved.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        let Err(e) = flock_wait(&file) else {
             return Ok(file);
-        }
-        let e = io::Error::last_os_error();
+        };
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(format!(
                 "mkl-alloc: cannot lock {} (builds hold it while they fetch that part \

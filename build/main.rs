@@ -35,6 +35,11 @@
 //! folder is inside the target directory, `cargo run` / `cargo test` put it
 //! on the library path of every program that depends on this crate.
 //!
+//! A Windows target (`CARGO_CFG_TARGET_OS`, not the host: cross-builds run
+//! this script on Linux) takes the win_amd64 wheels' DLLs for `mkl-rt`, and
+//! an installed MKL for the configurations; static ones are refused on the
+//! GNU target (`windows`).
+//!
 //! With `DOCS_RS` set nothing is provisioned or linked (`cargo doc` needs no MKL);
 //! nor under Miri (`CARGO_CFG_MIRI`, set for build scripts by `cargo miri`),
 //! where `src/ffi/miri.rs` emulates MKL and nothing is linked.
@@ -53,6 +58,7 @@ mod one_mkl;
 mod pins;
 mod prototypes;
 mod rt;
+mod windows;
 mod workdir;
 
 use std::env;
@@ -97,8 +103,11 @@ fn main() {
         if env::var_os("CARGO_CFG_MIRI").is_some() {
             return Ok(()); // Miri runs src/ffi/miri.rs, not MKL: nothing to link
         }
+        // By the target, not the host: a cross-build for Windows runs this
+        // script on Linux.
         match mode {
             mode::Mode::Config(config) => config::provision(config),
+            mode::Mode::Rt if windows::target_is_windows() => windows::provision_rt(),
             mode::Mode::Rt => rt::provision(),
         }
     });

@@ -1,6 +1,6 @@
-//! What the cache is filled from: the pinned MKL version, its four wheels
-//! (file names and sha256s), and the libraries a dynamic MKL loads at run
-//! time.
+//! What the cache is filled from: the pinned MKL version, its wheels (file
+//! names and sha256s: four for Linux, three for Windows), and the libraries
+//! a dynamic MKL loads at run time.
 
 pub const MKL_VERSION: &str = "2026.2.0";
 
@@ -8,6 +8,15 @@ pub struct Wheel {
     pub project: &'static str,
     pub file: &'static str,
     pub sha256: &'static str,
+}
+
+impl Wheel {
+    /// The wheel's platform tag, the last of its file name (what `pip
+    /// download --platform` asks for): `manylinux_2_28_x86_64`, `win_amd64`.
+    pub fn platform(&self) -> &'static str {
+        let stem = self.file.strip_suffix(".whl").unwrap_or(self.file);
+        stem.rsplit('-').next().unwrap_or(stem)
+    }
 }
 
 pub const MKL_STATIC: Wheel = Wheel {
@@ -52,4 +61,45 @@ pub const DYNAMIC_RUNTIME: [&str; 17] = [
     "libmkl_vml_avx512.so.3",
     "libmkl_vml_avx10.so.3",
     "libmkl_vml_cmpt.so.3",
+];
+
+/// The Windows x86-64 wheels: the DLLs (`Library/bin/`), and `mkl-devel`'s
+/// import library `mkl_rt.lib` for the MSVC linker (the GNU linker links
+/// against the DLL itself). The headers are the same files on every
+/// platform: `MKL_INCLUDE` serves Windows too.
+pub const MKL_DYNAMIC_WIN: Wheel = Wheel {
+    project: "mkl",
+    file: "mkl-2026.2.0-py2.py3-none-win_amd64.whl",
+    sha256: "5f2c187f0dda47efa19c1922cb3c8815924b8e5ed1613d28a3a69ec2327d4045",
+};
+pub const MKL_DEVEL_WIN: Wheel = Wheel {
+    project: "mkl-devel",
+    file: "mkl_devel-2026.2.0-py2.py3-none-win_amd64.whl",
+    sha256: "06d0d20dd119b1960fc4224adc9d09b5f0dd7295e45fd27ecef9e1b409758f55",
+};
+pub const INTEL_OPENMP_WIN: Wheel = Wheel {
+    project: "intel-openmp",
+    file: "intel_openmp-2026.2.0-py2.py3-none-win_amd64.whl",
+    sha256: "0fcd60701d6dcf8f17cd40c9733d7046ff3b82921a0a039bea2e6a68fb12c152",
+};
+
+/// What `mkl_rt.3.dll` loads at run time on Windows: the core, both
+/// threading layers it may pick (`MKL_THREADING_LAYER`), and the
+/// CPU-specific kernels (the Windows wheel has no interface DLLs).
+pub const WINDOWS_RUNTIME: [&str; 15] = [
+    "mkl_rt.3.dll",
+    "mkl_core.3.dll",
+    "mkl_sequential.3.dll",
+    "mkl_intel_thread.3.dll",
+    "mkl_def.3.dll",
+    "mkl_mc3.3.dll",
+    "mkl_avx2.3.dll",
+    "mkl_avx512.3.dll",
+    "mkl_avx10.3.dll",
+    "mkl_vml_def.3.dll",
+    "mkl_vml_mc3.3.dll",
+    "mkl_vml_avx2.3.dll",
+    "mkl_vml_avx512.3.dll",
+    "mkl_vml_avx10.3.dll",
+    "mkl_vml_cmpt.3.dll",
 ];

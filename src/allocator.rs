@@ -5,7 +5,7 @@
 //! The rules live in the `raw_*` functions below, which `SharedMklVec` uses too.
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::ffi::{c_int, c_void};
+use core::ffi::c_int;
 use core::ptr::{self, NonNull};
 
 use allocator_api2::alloc::AllocError;
@@ -321,8 +321,7 @@ unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mu
     let fresh = unsafe { raw_alloc(size, align) };
     if fresh.is_null() {
         const MSG: &[u8] = b"mkl-alloc: MKL_realloc returned a block below its alignment and no aligned block could replace it\n";
-        // SAFETY: writes a static buffer to stderr; no allocation.
-        unsafe { libc::write(2, MSG.as_ptr().cast::<c_void>(), MSG.len()) };
+        crate::sys::write_stderr(MSG);
         std::process::abort();
     }
     // SAFETY: both blocks hold at least `keep` bytes and are distinct; `block`

@@ -1,9 +1,11 @@
 //! Size policies read from the environment (`MKL_ALLOC_HUGE_PAGES`,
 //! `MKL_ALLOC_BLOCK_CACHE`): unset (the default), `off`, `on` or a byte
-//! count, read once with libc's `getenv`. The readers run inside the global allocator, so nothing
-//! here allocates: a byte parser, and a raw `write(2)` for the warning.
+//! count, read once (`sys::env_var`: libc's `getenv`, or
+//! `GetEnvironmentVariableW` on Windows). The readers run inside the global
+//! allocator, so nothing here allocates: a byte parser, and one raw write
+//! to stderr for the warning.
 
-use core::ffi::{CStr, c_void};
+use core::ffi::CStr;
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Parses a policy value: `Ok(None)` for off (`off`, `0`), `Ok(Some(on))`
@@ -33,23 +35,10 @@ pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
 /// `on`; an unparsable value also keeps the default, with `warning` written
 /// to stderr (a typo should not cost a program its defaults).
 pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
-    // SAFETY: `name` is NUL-terminated; getenv returns null or a pointer to
-    // a NUL-terminated string in the environment, parsed below before this
-    // function returns (the borrow does not escape). Changing the
-    // environment while another thread reads it is what
-    // `std::env::set_var` (unsafe since Rust 2024) obliges its caller to
-    // rule out, reads through libc included.
-    let value = unsafe {
-        let p = libc::getenv(name.as_ptr());
-        if p.is_null() {
-            &[][..]
-        } else {
-            CStr::from_ptr(p).to_bytes()
-        }
-    };
+    let mut buf = crate::sys::EnvBuf::new();
+    let value = crate::sys::env_var(name, &mut buf);
     parse(value, on).unwrap_or_else(|()| {
-        // SAFETY: writes a caller's buffer to stderr; no allocation.
-        unsafe { libc::write(2, warning.as_ptr().cast::<c_void>(), warning.len()) };
+        crate::sys::write_stderr(warning);
         Some(on)
     })
 }

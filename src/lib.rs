@@ -89,6 +89,7 @@ pub use backing::{block_cache, huge_pages};
 mod env;
 pub mod ffi;
 mod sync;
+mod sys;
 
 pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 #[cfg(loom)]

@@ -104,11 +104,8 @@ fn register_fork_handlers() {
     static REGISTERED: AtomicBool = AtomicBool::new(false);
     #[cfg(not(any(loom, miri)))]
     if !REGISTERED.swap(true, Relaxed) {
-        // SAFETY: three `extern "C" fn()` with no preconditions, which
-        // neither allocate nor fork; glibc keeps them for the process's life.
-        unsafe {
-            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(in_child));
-        }
+        // Three handlers that neither allocate nor fork (none on Windows).
+        crate::sys::at_fork(before_fork, after_fork, in_child);
     }
     #[cfg(any(loom, miri))]
     REGISTERED.store(true, Relaxed);

@@ -6,6 +6,11 @@
 //!
 //! The cache and MKL's counts are process-wide: every test takes `serial()`
 //! and leaves the cache off and empty.
+//!
+//! Linux only: the cache keeps chunks beneath MKL, and chunks exist only
+//! where the crate sets MKL's memory pointers (not yet on Windows, whose
+//! MKL DLLs read `i_malloc_dll` & co.).
+#![cfg(target_os = "linux")]
 
 mod common;
 
@@ -377,6 +382,10 @@ fn shared_vec_and_the_split_allocator_use_the_cache() {
 
 #[test]
 #[cfg_attr(miri, ignore = "madvise: Miri has no pages to advise")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "THP advice is Linux's: on Windows no block is advised"
+)]
 fn cached_blocks_keep_their_huge_page_advice() {
     let _s = serial();
     block_cache::enable(64 * MIB);

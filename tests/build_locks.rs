@@ -3,6 +3,10 @@
 //! have no test harness. Threads play concurrent builds (`flock`s of two
 //! opens conflict within one process too). Temporary folders live in
 //! cargo's `CARGO_TARGET_TMPDIR`.
+//!
+//! Unix only: the locks are `flock`s and the sweep reads `/proc`, the build
+//! script's code for a Unix host (a cross-build for Windows runs it on Linux).
+#![cfg(unix)]
 
 #[allow(dead_code)]
 #[path = "../build/locks.rs"]

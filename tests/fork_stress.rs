@@ -13,6 +13,9 @@
 //! Each configuration runs in a child process of its own (the environment
 //! is read once per process): the defaults, and the cache asked for
 //! explicitly (`MKL_ALLOC_BLOCK_CACHE=on`).
+//!
+//! Unix only: Windows has no `fork`.
+#![cfg(unix)]
 
 use std::process::Command;
 use std::sync::Arc;

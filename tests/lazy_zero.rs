@@ -191,6 +191,10 @@ fn rss_child() {
 
 #[test]
 #[cfg_attr(miri, ignore = "child processes and /proc")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "reads the resident set from Linux's /proc/self/statm"
+)]
 fn untouched_zeroed_memory_is_not_resident() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "rss_child", "--ignored", "--nocapture"])
@@ -217,6 +221,7 @@ fn untouched_zeroed_memory_is_not_resident() {
 /// setting is restored), and is skipped with a message where none can be
 /// had.
 #[test]
+#[cfg(target_os = "linux")]
 #[cfg_attr(miri, ignore = "child processes and /proc/sys")]
 fn zeroed_blocks_read_as_zero_on_a_hugetlb_heap() {
     const KNOB: &str = "/proc/sys/vm/nr_hugepages";
@@ -259,6 +264,7 @@ fn zeroed_blocks_read_as_zero_on_a_hugetlb_heap() {
 }
 
 #[test]
+#[cfg(target_os = "linux")]
 #[ignore = "run by zeroed_blocks_read_as_zero_on_a_hugetlb_heap in a child process"]
 fn hugetlb_child() {
     // In a thread of its own: glibc puts a secondary arena's heap on
@@ -267,6 +273,7 @@ fn hugetlb_child() {
     std::thread::spawn(hugetlb_blocks).join().unwrap();
 }
 
+#[cfg(target_os = "linux")]
 fn hugetlb_blocks() {
     let mut bad = Vec::new();
     // A block on a 2 MiB boundary (as a caller asking for huge-page

@@ -72,7 +72,7 @@
 //! | a byte count (decimal digits) | on, with that budget |
 //!
 //! Read once, at the first allocation (or the first call of [`budget`]),
-//! with libc's `getenv`; any other value keeps the default, with one line
+//! with libc's `getenv` (`GetEnvironmentVariableW` on Windows); any other value keeps the default, with one line
 //! on stderr. [`enable`] and [`disable`] override it.
 //!
 //! **Fork.** The shards' locks are taken by a `pthread_atfork` handler
@@ -147,7 +147,6 @@ mod instance {
 
     use super::shards::Cache;
     use super::{MIN_BLOCK, default_budget};
-    use crate::backing::map;
     use crate::env::SizePolicy;
 
     static CACHE: Cache = Cache::new();
@@ -260,22 +259,14 @@ mod instance {
     fn free_to_mkl(ptr: *mut u8, size: usize) {
         // SAFETY: every entry of the cache is a chunk of `size` bytes that
         // MKL freed into it; it left the cache, so nothing else has it.
-        unsafe { map::unmap(ptr, size) }
+        unsafe { crate::backing::unmap_chunk(ptr, size) }
     }
 
     /// Milliseconds of the coarse monotonic clock: a vDSO read of the
     /// last tick (a few ns, no system call, no hardware clock read); its
     /// resolution (one kernel tick, 1-10 ms) is plenty for a decay of 1 s.
     fn now_ms() -> usize {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes one timespec through a valid pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-        (ts.tv_sec as usize)
-            .wrapping_mul(1000)
-            .wrapping_add(ts.tv_nsec as usize / 1_000_000)
+        crate::sys::now_ms()
     }
 
     /// Whether blocks of `size` bytes go through the cache: one relaxed
@@ -361,7 +352,7 @@ mod instance {
             return false;
         }
         // SAFETY: the caller's contract: the contents are nobody's.
-        unsafe { map::lazy_free(ptr, size) };
+        unsafe { crate::backing::lazy_free(ptr, size) };
         CACHE.give(ptr, size, now, free_to_mkl)
     }
 }

@@ -32,18 +32,18 @@ fn physical() -> Option<usize> {
     if cfg!(miri) {
         return None;
     }
-    // SAFETY: sysconf takes any name and returns -1 for one it does not
-    // know; it allocates nothing.
-    let (pages, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    (pages > 0 && page > 0).then(|| (pages as usize).saturating_mul(page as usize))
+    crate::sys::physical_memory()
+}
+
+/// The smallest memory limit of this process's cgroups, if any is set
+/// (cgroups are Linux's: `None` elsewhere).
+#[cfg(not(target_os = "linux"))]
+fn cgroup_limit() -> Option<usize> {
+    None
 }
 
 /// The smallest memory limit of this process's cgroups, if any is set.
+#[cfg(target_os = "linux")]
 fn cgroup_limit() -> Option<usize> {
     if cfg!(miri) {
         return None;
@@ -60,6 +60,7 @@ fn cgroup_limit() -> Option<usize> {
 /// The smallest limit that `read` finds for the cgroups `/proc/self/cgroup`
 /// lists (`cgroups`: that file's contents) and their ancestors. `read`
 /// gets each limit file's path and returns its parsed value.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // tested everywhere
 pub(crate) fn limit_from(
     cgroups: &[u8],
     read: &mut dyn FnMut(&[u8]) -> Option<usize>,
@@ -100,6 +101,7 @@ pub(crate) fn limit_from(
 /// A limit file's value: `None` for "unlimited" (`max`, or a value of
 /// 2^62 and more: v1 writes its page-counter maximum, 9223372036854771712)
 /// and for anything unreadable.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) fn parse_limit(text: &[u8]) -> Option<usize> {
     let text = text.trim_ascii();
     if text.is_empty() || !text.iter().all(u8::is_ascii_digit) {
@@ -123,6 +125,7 @@ fn join<'a>(buf: &'a mut [u8], parts: &[&[u8]]) -> Option<&'a [u8]> {
 }
 
 /// Reads up to `buf.len() - 1` bytes of the file at `path` into `buf`.
+#[cfg(target_os = "linux")]
 fn read_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
     let mut name = [0u8; 4097];
     name.get_mut(..path.len())?.copy_from_slice(path);

@@ -30,7 +30,7 @@
 //! | a byte count (decimal digits), e.g. `67108864` | blocks of at least that many bytes |
 //!
 //! The variable is read once, at the first allocation that needs the policy
-//! (or the first call of [`threshold`]), with libc's `getenv` (the global
+//! (or the first call of [`threshold`]), with libc's `getenv` (`GetEnvironmentVariableW` on Windows; the global
 //! allocator must not allocate to ask); [`enable`] and [`disable`] override
 //! it at any time. Any other value keeps the default, with one line on
 //! stderr.
@@ -55,7 +55,7 @@
 //! # drop(v);
 //! ```
 
-use core::ffi::{CStr, c_void};
+use core::ffi::CStr;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::env::SizePolicy;
@@ -206,9 +206,9 @@ impl Status {
 /// }
 /// ```
 pub fn status() -> Status {
-    match std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled") {
-        Ok(s) => Status::parse(&s),
-        Err(_) => Status::Unavailable,
+    match crate::sys::thp_enabled() {
+        Some(s) => Status::parse(&s),
+        None => Status::Unavailable,
     }
 }
 
@@ -249,14 +249,8 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
     // SAFETY: [start, end) lies inside the caller's block (start ≥ addr,
     // end ≤ addr + size) and is page-aligned; MADV_HUGEPAGE changes neither
     // contents nor protection.
-    let rc = unsafe {
-        libc::madvise(
-            ptr.wrapping_add(start - addr).cast::<c_void>(),
-            end - start,
-            libc::MADV_HUGEPAGE,
-        )
-    };
-    if rc == 0 {
+    let advised = unsafe { crate::sys::advise_huge(ptr.wrapping_add(start - addr), end - start) };
+    if advised {
         ADVISED.fetch_add((end - start) as u64, Relaxed);
     }
 }
@@ -272,8 +266,7 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
 pub(crate) unsafe fn advise_chunk(ptr: *mut u8, size: usize) {
     // SAFETY: the caller's contract; MADV_HUGEPAGE changes neither contents
     // nor protection.
-    let rc = unsafe { libc::madvise(ptr.cast::<c_void>(), size, libc::MADV_HUGEPAGE) };
-    if rc == 0 {
+    if unsafe { crate::sys::advise_huge(ptr, size) } {
         ADVISED.fetch_add((size & !(HUGE_PAGE_SIZE - 1)) as u64, Relaxed);
     }
 }

@@ -11,10 +11,7 @@ use core::ptr;
 
 use super::chunks::CHUNK_ALIGN;
 
-/// The granule of a chunk's size (one 4 KiB page): a chunk's last partial
-/// huge page stays on small pages, so rounding further would only commit
-/// memory nobody asked for.
-pub(crate) const PAGE: usize = 4096;
+use super::PAGE;
 
 /// `size` rounded up to whole pages; `None` past what can be mapped.
 #[inline]

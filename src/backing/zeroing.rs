@@ -31,8 +31,6 @@
 //! resident already). Under Miri, which has no `madvise`, every block is
 //! written.
 
-use core::ffi::c_void;
-
 /// Zeroed blocks of at least this many bytes are zeroed lazily (1 MiB).
 pub(crate) const LAZY_ZERO_MIN: usize = 1 << 20;
 
@@ -68,14 +66,8 @@ pub(crate) unsafe fn zero(ptr: *mut u8, size: usize, granule: usize) {
     // SAFETY: [start, end) is page-aligned and inside the caller's private
     // anonymous range: releasing it changes no other memory, and its pages
     // read as zero afterwards.
-    let rc = unsafe {
-        libc::madvise(
-            ptr.add(start - addr).cast::<c_void>(),
-            end - start,
-            libc::MADV_DONTNEED,
-        )
-    };
-    if rc != 0 {
+    let released = unsafe { crate::sys::discard_to_zero(ptr.add(start - addr), end - start) };
+    if !released {
         // Never expected for malloc'd memory; writing is always correct.
         // SAFETY: as above, the interior is the caller's to write.
         unsafe { ptr.add(start - addr).write_bytes(0, end - start) };

@@ -1,0 +1,337 @@
+//! The four hooks MKL calls (`i_malloc` & co.), and the chunk logic
+//! behind them: Linux, where chunks are anonymous mappings (`map`). The
+//! rules of the parent module apply: nothing here allocates through the
+//! global allocator or calls MKL.
+
+use core::cell::Cell;
+use core::ffi::c_void;
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+use super::{LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, zeroing};
+#[cfg(not(miri))]
+use crate::ffi;
+
+/// The previous functions, as the setup found them (the C runtime's by
+/// default); 0 until then.
+static PREV_MALLOC: AtomicUsize = AtomicUsize::new(0);
+static PREV_CALLOC: AtomicUsize = AtomicUsize::new(0);
+static PREV_REALLOC: AtomicUsize = AtomicUsize::new(0);
+static PREV_FREE: AtomicUsize = AtomicUsize::new(0);
+/// Whether the previous functions are the C library's own (then
+/// `malloc_usable_size` knows their blocks).
+static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
+
+/// Points MKL's memory functions at the hooks, once. Runs in the crate's
+/// setup, before any MKL call the setup makes.
+pub(super) fn install() {
+    if STATE.load(Relaxed) != 0 {
+        return;
+    }
+    #[cfg(not(miri))]
+    {
+        const WARNING: &[u8] =
+            b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
+        if crate::env::read(c"MKL_ALLOC_BACKING", 1, WARNING).is_none() {
+            STATE.store(3, Relaxed);
+            return;
+        }
+        // libmkl_rt loads libmkl_core at its first call, and the core
+        // takes `i_malloc` & co. from the first library in the global
+        // scope that defines them. A Python extension (loaded with
+        // RTLD_LOCAL) brings libmkl_rt in locally, so the core would bind
+        // its own, untouched copies (measured: no chunk served). Promoting
+        // the already-loaded libmkl_rt to the global scope, before any MKL
+        // call, makes the core bind the ones set below.
+        #[cfg(all(feature = "mkl-rt", target_os = "linux"))]
+        // SAFETY: RTLD_NOLOAD loads nothing: it returns the library if it
+        // is loaded (it is, the crate links it) and only widens its scope;
+        // the handle is kept for the process's life.
+        unsafe {
+            libc::dlopen(
+                c"libmkl_rt.so.3".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_GLOBAL | libc::RTLD_LAZY,
+            );
+        }
+        // SAFETY: MKL's pointers are plain data that MKL reads at its first
+        // call; racing setups both write the same values (the previous ones
+        // are read first, and a hook is never its own previous function:
+        // the check below). Each previous value is the C runtime's function
+        // or one that other code installed, with the same contract.
+        unsafe {
+            let m = ffi::i_malloc.unwrap_or(libc::malloc);
+            if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
+                return;
+            }
+            PREV_MALLOC.store(m as usize, Relaxed);
+            PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as usize, Relaxed);
+            PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as usize, Relaxed);
+            PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as usize, Relaxed);
+            PREV_IS_LIBC.store(
+                ffi::i_realloc
+                    .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
+                    && ffi::i_free
+                        .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
+                Relaxed,
+            );
+            ffi::i_malloc = Some(hook_malloc);
+            ffi::i_calloc = Some(hook_calloc);
+            ffi::i_realloc = Some(hook_realloc);
+            ffi::i_free = Some(hook_free);
+        }
+        // Whether MKL takes them shows at the first large allocation (see
+        // `note_unserved`): a probe here would be an MKL allocation, after
+        // which MKL refuses `MKL_Disable_Fast_MM`.
+        STATE.store(1, Relaxed);
+    }
+    #[cfg(miri)]
+    STATE.store(3, Relaxed);
+}
+
+// The previous functions. Each is called only after `install` stored it
+// (the hooks are set after the stores).
+
+#[inline(always)]
+unsafe fn prev_malloc(n: usize) -> *mut c_void {
+    // SAFETY: an `i_malloc`-compatible function stored by `install`.
+    unsafe { core::mem::transmute::<usize, crate::ffi::IMalloc>(PREV_MALLOC.load(Relaxed))(n) }
+}
+#[inline(always)]
+unsafe fn prev_calloc(a: usize, b: usize) -> *mut c_void {
+    // SAFETY: as in prev_malloc.
+    unsafe { core::mem::transmute::<usize, crate::ffi::ICalloc>(PREV_CALLOC.load(Relaxed))(a, b) }
+}
+#[inline(always)]
+unsafe fn prev_realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    // SAFETY: as in prev_malloc.
+    unsafe { core::mem::transmute::<usize, crate::ffi::IRealloc>(PREV_REALLOC.load(Relaxed))(p, n) }
+}
+#[inline(always)]
+unsafe fn prev_free(p: *mut c_void) {
+    // SAFETY: as in prev_malloc.
+    unsafe { core::mem::transmute::<usize, crate::ffi::IFree>(PREV_FREE.load(Relaxed))(p) }
+}
+
+/// Runs `f`; if it fails (null) while the cache holds memory, empties the
+/// cache and runs it once more: memory kept for reuse must never be why an
+/// allocation fails.
+#[inline(always)]
+fn retry(mut f: impl FnMut() -> *mut c_void) -> *mut c_void {
+    let p = f();
+    if p.is_null() && block_cache::cached_bytes() != 0 {
+        block_cache::empty();
+        return f();
+    }
+    p
+}
+
+/// `i_malloc`.
+unsafe extern "C" fn hook_malloc(n: usize) -> *mut c_void {
+    if n >= MIN_CHUNK {
+        let p = new_chunk(n);
+        if !p.is_null() {
+            return p.cast();
+        }
+    }
+    // SAFETY: the previous function's contract is malloc's.
+    retry(|| unsafe { prev_malloc(n) })
+}
+
+/// `i_calloc` (MKL's own `MKL_calloc` does not call it, but MKL's internals
+/// may).
+unsafe extern "C" fn hook_calloc(num: usize, size: usize) -> *mut c_void {
+    let Some(n) = num.checked_mul(size) else {
+        return ptr::null_mut();
+    };
+    if n >= MIN_CHUNK {
+        let p = new_chunk(n);
+        if !p.is_null() {
+            if !LAST.with(Cell::get).1 {
+                // SAFETY: a chunk of at least n bytes just handed to us.
+                unsafe { zeroing::zero(p, n, PAGE) };
+            }
+            return p.cast();
+        }
+    }
+    // SAFETY: calloc's contract.
+    retry(|| unsafe { prev_calloc(num, size) })
+}
+
+/// `i_free`.
+unsafe extern "C" fn hook_free(p: *mut c_void) {
+    let addr = p as usize;
+    if chunks::may_be_chunk(addr) {
+        if let Some(size) = chunks::remove(addr) {
+            // SAFETY: MKL frees the chunk: nothing uses it any more.
+            unsafe { release(p.cast(), size) };
+            return;
+        }
+    }
+    block_cache::tick();
+    // SAFETY: not a chunk: a block of the previous functions, freed once.
+    unsafe { prev_free(p) }
+}
+
+/// `i_realloc`.
+unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: realloc(NULL, n) is malloc(n).
+        return unsafe { hook_malloc(n) };
+    }
+    let addr = p as usize;
+    if chunks::may_be_chunk(addr) {
+        if let Some(old) = chunks::size_of(addr) {
+            // SAFETY: a live chunk of `old` bytes that MKL resizes.
+            let q = unsafe { resize_chunk(p.cast(), old, n) };
+            if !q.is_null() {
+                LAST.with(|c| c.set((q as usize, false)));
+            }
+            return q.cast();
+        }
+    }
+    if n >= MIN_CHUNK && PREV_IS_LIBC.load(Relaxed) {
+        // A block of the C runtime's growing into a chunk's size (a Vec
+        // pushed past 1 MiB): moved into a chunk once, so that from here on
+        // it grows with mremap, on huge pages, and is cached when freed.
+        // SAFETY: `p` is a live block of the C library's malloc (the
+        // previous functions are libc's own), which knows its usable size.
+        let usable = unsafe { libc::malloc_usable_size(p) };
+        let q = new_chunk(n);
+        if !q.is_null() {
+            // SAFETY: distinct live blocks; `p` holds `usable` readable
+            // bytes, `q` at least `n`; `p` is freed once, after the copy.
+            unsafe {
+                ptr::copy_nonoverlapping(p.cast::<u8>(), q, usable.min(n));
+                prev_free(p);
+            }
+            return q.cast();
+        }
+    }
+    // SAFETY: a block of the previous functions; realloc's contract.
+    retry(|| unsafe { prev_realloc(p, n) })
+}
+
+/// A chunk for a request of `n >= MIN_CHUNK` bytes: a cached one of
+/// `n ..= n + n/8` bytes, else a fresh mapping; null if neither can be
+/// had. Records it in [`LAST`].
+fn new_chunk(n: usize) -> *mut u8 {
+    let Some(size) = map::round(n) else {
+        return ptr::null_mut();
+    };
+    let (mut p, mut got, mut fresh) = (ptr::null_mut(), size, false);
+    if block_cache::covers(size) {
+        (p, got) = block_cache::take(size);
+    }
+    if p.is_null() {
+        p = map::map(size);
+        if p.is_null() && block_cache::cached_bytes() != 0 {
+            block_cache::empty();
+            p = map::map(size);
+        }
+        if p.is_null() {
+            return p;
+        }
+        (got, fresh) = (size, true);
+    }
+    if huge_pages::applies(got) {
+        // SAFETY: the whole chunk is ours (a cached one may have been
+        // cached while the policy was off: advising again is one call).
+        unsafe { huge_pages::advise_chunk(p, got) };
+    }
+    if !chunks::insert(p as usize, got) {
+        // SAFETY: unregistered, so no one else knows of it.
+        unsafe { map::unmap(p, got) };
+        return ptr::null_mut();
+    }
+    LAST.with(|c| c.set((p as usize, fresh)));
+    if !SERVED.load(Relaxed) {
+        SERVED.store(true, Relaxed);
+    }
+    p
+}
+
+/// A chunk MKL freed (already out of the registry): into the cache, or
+/// back to the kernel.
+///
+/// # Safety
+/// `[p, p + size)` is a chunk nothing uses any more.
+unsafe fn release(p: *mut u8, size: usize) {
+    // SAFETY: the caller's contract: ours to keep or unmap.
+    if !(block_cache::covers(size) && unsafe { block_cache::give(p, size) }) {
+        // SAFETY: as above.
+        unsafe { map::unmap(p, size) };
+    }
+}
+
+/// The chunk `p` of `old` bytes resized for a request of `n` bytes: in
+/// place where the address space allows, else moved (page tables, not
+/// bytes) onto a cached chunk, whose pages are already there, or onto a
+/// fresh mapping. Null on failure, the chunk then as it was.
+///
+/// # Safety
+/// `p` is a live chunk of `old` bytes.
+unsafe fn resize_chunk(p: *mut u8, old: usize, n: usize) -> *mut u8 {
+    let Some(new) = map::round(n.max(1)) else {
+        return ptr::null_mut();
+    };
+    if new <= old {
+        // A shrink by a quarter or more gives the tail back; milder ones
+        // keep the chunk whole (a Vec trimming its last doubling's slack).
+        // SAFETY: `[p, p + old)` is the live chunk.
+        if new <= old - old / 4 && unsafe { map::resize_in_place(p, old, new) } {
+            chunks::resize(p as usize, new);
+        }
+        return p;
+    }
+    let advise = huge_pages::applies(new);
+    // SAFETY: the live chunk; a failed growth changes nothing.
+    if unsafe { map::resize_in_place(p, old, new) } {
+        chunks::resize(p as usize, new);
+        if advise {
+            // SAFETY: the whole grown chunk is ours.
+            unsafe { huge_pages::advise_chunk(p, new) };
+        }
+        return p;
+    }
+    // Moved: onto a cached chunk, whose pages (faulted in already) past
+    // `old` become the growth, or onto a fresh mapping. The target is
+    // registered first, so that a full table costs nothing but a refusal.
+    let (mut target, mut size) = if block_cache::covers(new) {
+        block_cache::take(new)
+    } else {
+        (ptr::null_mut(), 0)
+    };
+    let cached = !target.is_null();
+    if !cached {
+        (target, size) = (map::map(new), new);
+        if target.is_null() {
+            return target;
+        }
+    }
+    if !chunks::insert(target as usize, size) {
+        // SAFETY: unregistered and unused.
+        unsafe { release(target, size) };
+        return ptr::null_mut();
+    }
+    chunks::remove(p as usize);
+    // A cached target keeps its own pages past `old`; a fresh one grows
+    // the moved mapping to `new` (zero-filled past `old`). `mremap` moves
+    // one mapping only: a chunk made of two (one grown onto a cached
+    // chunk before) is copied instead, onto the target's resident pages.
+    let len = if cached { old } else { new };
+    // SAFETY: `target` is ours and unused; p is the live chunk, moved
+    // whole on success and untouched on failure.
+    if unsafe { map::move_onto(p, old, len, target) }.is_null() {
+        // SAFETY: both are ours, distinct, and hold at least `old` bytes;
+        // the old chunk is unmapped once copied.
+        unsafe {
+            ptr::copy_nonoverlapping(p, target, old);
+            map::unmap(p, old);
+        }
+    }
+    if advise {
+        // SAFETY: the whole chunk at `target` is ours.
+        unsafe { huge_pages::advise_chunk(target, size) };
+    }
+    target
+}

@@ -1,0 +1,191 @@
+//! The platform primitives on Windows: kernel32, through `windows-sys`.
+
+use core::ffi::{CStr, c_void};
+
+use windows_sys::Win32::Storage::FileSystem::WriteFile;
+use windows_sys::Win32::System::Console::{GetStdHandle, STD_ERROR_HANDLE};
+use windows_sys::Win32::System::Environment::GetEnvironmentVariableW;
+use windows_sys::Win32::System::Memory::{
+    MEM_COMMIT, MEM_DECOMMIT, MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE, VirtualAlloc,
+    VirtualFree, VirtualQuery,
+};
+use windows_sys::Win32::System::SystemInformation::{
+    GetTickCount64, GlobalMemoryStatusEx, MEMORYSTATUSEX,
+};
+
+/// The machine's physical memory in bytes (`GlobalMemoryStatusEx`), or
+/// `None` where it cannot tell.
+pub(crate) fn physical_memory() -> Option<usize> {
+    let mut status = MEMORYSTATUSEX {
+        dwLength: size_of::<MEMORYSTATUSEX>() as u32,
+        ..MEMORYSTATUSEX::default()
+    };
+    // SAFETY: `status` is a MEMORYSTATUSEX with its length set, written
+    // through a valid pointer; nothing is allocated.
+    let ok = unsafe { GlobalMemoryStatusEx(&mut status) } != 0;
+    (ok && status.ullTotalPhys > 0)
+        .then(|| usize::try_from(status.ullTotalPhys).unwrap_or(usize::MAX))
+}
+
+/// Milliseconds since boot (`GetTickCount64`: the system tick, 10-16 ms
+/// resolution, no system call). Callers compare differences.
+pub(crate) fn now_ms() -> usize {
+    // SAFETY: no arguments, no preconditions.
+    unsafe { GetTickCount64() as usize }
+}
+
+/// Makes the pages of `[ptr, ptr + len)` read as zero without writing
+/// them: decommitted, then committed again (fresh committed pages read as
+/// zero, and cost a fault when touched). `MEM_RESET` would not do: it lets
+/// the system keep or drop the contents, so they need not read as zero.
+/// `false`, with the contents unchanged, unless the whole range is
+/// committed private read-write memory of one region (`VirtualQuery`),
+/// or if the decommit fails: the caller then writes the zeros itself.
+///
+/// Between the decommit and the recommit the range is not accessible; it
+/// is the caller's, so nobody else reads it. If the recommit fails (the
+/// system's commit limit reached by another process in between), the
+/// memory the C library's heap believes committed is not, and no later
+/// access could be made safe: the process aborts with a message, as on an
+/// allocation failure.
+///
+/// # Safety
+/// `ptr` and `len` are multiples of the page size, and the range is memory
+/// that the caller owns and may write (its contents are given up); no other
+/// thread accesses it during the call.
+pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
+    let mut info = MEMORY_BASIC_INFORMATION::default();
+    // SAFETY: VirtualQuery writes at most the given length into `info`.
+    let n = unsafe {
+        VirtualQuery(
+            ptr.cast::<c_void>(),
+            &mut info,
+            size_of::<MEMORY_BASIC_INFORMATION>(),
+        )
+    };
+    let region_end = (info.BaseAddress as usize).saturating_add(info.RegionSize);
+    if n == 0
+        || info.State != MEM_COMMIT
+        || info.Type != MEM_PRIVATE
+        || info.Protect != PAGE_READWRITE
+        || region_end < ptr as usize + len
+    {
+        return false;
+    }
+    // SAFETY: the range is page-aligned committed private memory of one
+    // region, owned by the caller and accessed by no other thread (the
+    // caller's contract): decommitting it touches no other memory.
+    if unsafe { VirtualFree(ptr.cast::<c_void>(), len, MEM_DECOMMIT) } == 0 {
+        return false;
+    }
+    // SAFETY: the same range, reserved and just decommitted: committing it
+    // again gives it fresh zero pages with its former protection.
+    let back = unsafe { VirtualAlloc(ptr.cast::<c_void>(), len, MEM_COMMIT, PAGE_READWRITE) };
+    if back.is_null() {
+        write_stderr(b"mkl-alloc: pages decommitted to zero them could not be committed again (commit limit reached)\n");
+        std::process::abort();
+    }
+    true
+}
+
+/// No advice exists for memory already allocated: Windows backs a range
+/// with large pages only if it was allocated with `MEM_LARGE_PAGES`, by a
+/// process holding `SeLockMemoryPrivilege`, and MKL's blocks come from the
+/// C library's heap. Always `false` (nothing advised).
+///
+/// # Safety
+/// None needed (nothing is done); the signature is the Unix one.
+pub(crate) unsafe fn advise_huge(ptr: *mut u8, len: usize) -> bool {
+    let _ = (ptr, len);
+    false
+}
+
+/// Windows has no transparent huge pages: always `None` (the mode reads as
+/// unavailable). Not the file's path under wine either, where it would
+/// name the Linux host's file.
+pub(crate) fn thp_enabled() -> Option<String> {
+    None
+}
+
+/// Windows has no `fork`: nothing to register.
+pub(crate) fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    let _ = (prepare, parent, child);
+}
+
+/// Writes `msg` to the standard error handle with one `WriteFile`: no
+/// allocation. Nothing is written if there is no such handle.
+pub(crate) fn write_stderr(msg: &[u8]) {
+    // SAFETY: GetStdHandle has no preconditions; WriteFile reads `msg`
+    // (at most u32::MAX bytes) and writes the count through a valid
+    // pointer, synchronously (no OVERLAPPED). A null or invalid handle
+    // makes it fail, which is ignored.
+    unsafe {
+        let handle = GetStdHandle(STD_ERROR_HANDLE);
+        let mut written = 0u32;
+        let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
+        WriteFile(
+            handle,
+            msg.as_ptr(),
+            len,
+            &mut written,
+            core::ptr::null_mut(),
+        );
+    }
+}
+
+/// UTF-16 units of a name or value the environment reader handles,
+/// terminating NUL included: the crate's names and values are short
+/// (a byte count has at most 20 digits).
+const ENV_UNITS: usize = 64;
+
+/// Room for a copied environment value: the UTF-16 value and its bytes.
+pub(crate) struct EnvBuf {
+    wide: [u16; ENV_UNITS],
+    bytes: [u8; ENV_UNITS],
+}
+
+impl EnvBuf {
+    pub(crate) const fn new() -> Self {
+        EnvBuf {
+            wide: [0; ENV_UNITS],
+            bytes: [0; ENV_UNITS],
+        }
+    }
+}
+
+/// What a value that cannot be a policy reads as: one byte that no
+/// policy parser accepts (so the caller warns and keeps its default).
+const UNPARSABLE: u8 = 0xFF;
+
+/// The value of the environment variable `name` (empty if unset), read
+/// with `GetEnvironmentVariableW` into `buf`, on the stack: the C
+/// runtime's `getenv` keeps a copy of the environment that
+/// `std::env::set_var` (which calls `SetEnvironmentVariableW`) does not
+/// update. A value longer than 63 UTF-16 units, or with a character
+/// outside ASCII, is no policy: it reads as the byte `0xFF`.
+pub(crate) fn env_var<'a>(name: &CStr, buf: &'a mut EnvBuf) -> &'a [u8] {
+    let mut wide_name = [0u16; ENV_UNITS];
+    let name = name.to_bytes();
+    if name.len() >= ENV_UNITS {
+        return &[];
+    }
+    for (w, &b) in wide_name.iter_mut().zip(name) {
+        *w = u16::from(b);
+    }
+    // SAFETY: `wide_name` is NUL-terminated (its last units are zero);
+    // the call writes at most ENV_UNITS units into `buf.wide`.
+    let n = unsafe {
+        GetEnvironmentVariableW(wide_name.as_ptr(), buf.wide.as_mut_ptr(), ENV_UNITS as u32)
+    } as usize;
+    if n == 0 {
+        return &[]; // unset (or empty)
+    }
+    if n >= ENV_UNITS || !buf.wide[..n].iter().all(|&u| u < 0x80) {
+        buf.bytes[0] = UNPARSABLE;
+        return &buf.bytes[..1];
+    }
+    for (b, &u) in buf.bytes.iter_mut().zip(&buf.wide[..n]) {
+        *b = u as u8;
+    }
+    &buf.bytes[..n]
+}
