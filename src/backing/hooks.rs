@@ -25,7 +25,10 @@ static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
 /// Points MKL's memory functions at the hooks, once. Runs in the crate's
 /// setup, before any MKL call the setup makes.
 pub(super) fn install() {
-    if STATE.load(Relaxed) != 0 {
+    // One thread installs (racing first calls of the setup are possible
+    // where no ELF constructor ran): MKL's pointers are plain data.
+    static CLAIMED: AtomicBool = AtomicBool::new(false);
+    if CLAIMED.swap(true, Relaxed) {
         return;
     }
     #[cfg(not(miri))]
@@ -54,10 +57,11 @@ pub(super) fn install() {
             );
         }
         // SAFETY: MKL's pointers are plain data that MKL reads at its first
-        // call; racing setups both write the same values (the previous ones
-        // are read first, and a hook is never its own previous function:
-        // the check below). Each previous value is the C runtime's function
-        // or one that other code installed, with the same contract.
+        // call, and only this thread writes them (CLAIMED); the previous
+        // values are read first, and a hook is never its own previous
+        // function (the check below). Each previous value is the C
+        // runtime's function or one that other code installed, with the
+        // same contract.
         unsafe {
             let m = ffi::i_malloc.unwrap_or(libc::malloc);
             if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
