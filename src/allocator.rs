@@ -11,7 +11,7 @@ use core::ptr::{self, NonNull};
 use allocator_api2::alloc::AllocError;
 
 use crate::zeroing::{self, LAZY_ZERO_MIN};
-use crate::{block_cache, ffi, huge_pages, process, shrunk};
+use crate::{block_cache, ffi, fork_guard, huge_pages, process, shrunk};
 
 /// Every block [`MklAllocator`] hands out is aligned to at least this many
 /// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
@@ -118,7 +118,7 @@ fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
         // SAFETY: MKL_malloc takes any size and a positive power-of-two
         // alignment (mkl_align's result); it returns null on failure.
-        Some(a) => unsafe { ffi::MKL_malloc(size, a).cast() },
+        Some(a) => fork_guard::mkl(|| unsafe { ffi::MKL_malloc(size, a).cast() }),
         None => ptr::null_mut(),
     }
 }
@@ -127,7 +127,7 @@ fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
 fn mkl_calloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
         // SAFETY: as in mkl_malloc; num = 1 so the product cannot overflow.
-        Some(a) => unsafe { ffi::MKL_calloc(1, size, a).cast() },
+        Some(a) => fork_guard::mkl(|| unsafe { ffi::MKL_calloc(1, size, a).cast() }),
         None => ptr::null_mut(),
     }
 }
@@ -199,7 +199,7 @@ pub(crate) unsafe fn raw_free(ptr: *mut u8, size: usize) {
     }
     block_cache::tick();
     // SAFETY: the caller passes a live MKL block, freed exactly once.
-    unsafe { ffi::MKL_free(ptr.cast()) }
+    fork_guard::mkl(|| unsafe { ffi::MKL_free(ptr.cast()) })
 }
 
 /// The slow path of a free: the block's true size (larger if it was shrunk
@@ -215,7 +215,7 @@ unsafe fn free_slow(ptr: *mut u8, size: usize) {
         return;
     }
     // SAFETY: the caller passes a live MKL block, freed exactly once.
-    unsafe { ffi::MKL_free(ptr.cast()) }
+    fork_guard::mkl(|| unsafe { ffi::MKL_free(ptr.cast()) })
 }
 
 /// The alignment every block MKL hands out has: `max(64, align)`.
@@ -269,7 +269,7 @@ pub(crate) unsafe fn raw_realloc(
 unsafe fn mkl_realloc(ptr: *mut u8, old_size: usize, new_size: usize) -> *mut u8 {
     // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
     // null and leaves it intact, or frees it and returns the new block.
-    let new: *mut u8 = unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() };
+    let new: *mut u8 = fork_guard::mkl(|| unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() });
     if new as usize & (MIN_ALIGN - 1) == 0 {
         return new; // also the null case
     }

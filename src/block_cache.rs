@@ -259,7 +259,7 @@ mod instance {
         // SAFETY: every block in the cache is a live MKL block that its
         // user freed into the cache; it left the cache, so this is its one
         // free.
-        unsafe { ffi::MKL_free(ptr.cast()) }
+        crate::fork_guard::mkl(|| unsafe { ffi::MKL_free(ptr.cast()) })
     }
 
     /// Milliseconds of the coarse monotonic clock: a vDSO read of the

@@ -73,6 +73,7 @@ pub mod block_cache;
 pub mod c_heap;
 mod env;
 pub mod ffi;
+mod fork_guard;
 pub mod huge_pages;
 pub mod manager;
 mod process;

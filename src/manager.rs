@@ -9,7 +9,7 @@
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use crate::ffi;
+use crate::{ffi, fork_guard};
 
 /// What MKL's memory manager holds right now, from `MKL_Mem_Stat`, and
 /// how much of it is this crate's [block cache](crate::block_cache).
@@ -55,8 +55,10 @@ impl MemStats {
 /// ```
 pub fn stats() -> MemStats {
     let mut buffers: c_int = 0;
+    // Under the rare-call lock, which a fork's prepare handler takes
+    // first: MKL_Mem_Stat takes every thread's account lock.
     // SAFETY: MKL_Mem_Stat writes one int through a valid pointer.
-    let bytes = unsafe { ffi::MKL_Mem_Stat(&mut buffers) };
+    let bytes = fork_guard::rare(|| unsafe { ffi::MKL_Mem_Stat(&mut buffers) });
     let (cached_bytes, cached_buffers) = crate::block_cache::held();
     MemStats {
         bytes: bytes.max(0) as u64,
@@ -136,8 +138,9 @@ pub fn reset_peak() -> Option<u64> {
 /// MKL answers -1 while tracking is off; any other negative value is a peak
 /// below the starting point (pre-existing blocks were freed), i.e. no growth.
 fn peak(mode: c_int) -> Option<u64> {
+    // Rare-call lock: MKL takes every thread's account lock.
     // SAFETY: MKL_Peak_Mem_Usage takes one of the MKL_PEAK_MEM* modes by value.
-    let r = unsafe { ffi::MKL_Peak_Mem_Usage(mode) };
+    let r = fork_guard::rare(|| unsafe { ffi::MKL_Peak_Mem_Usage(mode) });
     match r {
         -1 => None,
         r => Some(r.max(0) as u64),
@@ -158,8 +161,9 @@ fn peak(mode: c_int) -> Option<u64> {
 pub fn free_buffers() {
     crate::c_heap::release_cached();
     crate::block_cache::empty();
+    // Rare-call lock: MKL takes every thread's account lock.
     // SAFETY: no arguments; MKL frees only cached (not live) blocks.
-    unsafe { ffi::MKL_Free_Buffers() }
+    fork_guard::rare(|| unsafe { ffi::MKL_Free_Buffers() })
 }
 
 /// Releases the calling thread's cached blocks (`MKL_Thread_Free_Buffers`).
@@ -168,8 +172,9 @@ pub fn free_buffers() {
 /// mkl_alloc::manager::thread_free_buffers();
 /// ```
 pub fn thread_free_buffers() {
+    // Rare-call lock: MKL takes this thread's account lock.
     // SAFETY: no arguments; MKL frees only this thread's cached blocks.
-    unsafe { ffi::MKL_Thread_Free_Buffers() }
+    fork_guard::rare(|| unsafe { ffi::MKL_Thread_Free_Buffers() })
 }
 
 /// Turns MKL's caching ("fast") memory manager off for the rest of the
@@ -201,8 +206,9 @@ pub fn thread_free_buffers() {
 /// assert!(manager::fast_mm_disabled());
 /// ```
 pub fn disable_fast_mm() -> bool {
+    // Rare-call lock: MKL takes its manager's locks.
     // SAFETY: no arguments; only changes how later blocks are served.
-    let turned_off = unsafe { ffi::MKL_Disable_Fast_MM() } != 0;
+    let turned_off = fork_guard::rare(|| unsafe { ffi::MKL_Disable_Fast_MM() }) != 0;
     if turned_off {
         // Relaxed: a record, read by fast_mm_disabled; MKL's own state
         // needs no ordering from us.
@@ -299,8 +305,10 @@ impl std::error::Error for LimitError {}
 /// assert!(mkl_alloc::manager::set_mcdram_limit(1 << 30).is_ok());
 /// ```
 pub fn set_mcdram_limit(bytes: usize) -> Result<(), LimitError> {
+    // Rare-call lock: MKL takes its manager's locks.
     // SAFETY: memory type and limit are passed by value.
-    let status = unsafe { ffi::MKL_Set_Memory_Limit(ffi::MKL_MEM_MCDRAM, bytes) };
+    let status =
+        fork_guard::rare(|| unsafe { ffi::MKL_Set_Memory_Limit(ffi::MKL_MEM_MCDRAM, bytes) });
     if status == 0 {
         Ok(())
     } else {
