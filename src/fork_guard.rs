@@ -134,6 +134,11 @@ mod real {
 
     /// The rare-call lock: 0, or its owner's token (see [`token`]).
     static RARE: AtomicUsize = AtomicUsize::new(0);
+    /// Forks waiting for the rare-call lock: while non-zero, rare calls
+    /// wait before they take it (a thread calling `stats()` in a loop
+    /// would otherwise win it back each time, and the fork would starve:
+    /// measured, half a second).
+    static RARE_WANTED: AtomicUsize = AtomicUsize::new(0);
 
     /// The `pthread_key` whose destructor marks a thread's exit, plus one
     /// (0: not created yet).
@@ -376,7 +381,8 @@ mod real {
     /// Takes the rare-call lock. A `held` thread (at its exit) steps out of
     /// `held` while it waits: the lock may be a fork's, waiting for it.
     fn lock_rare(me: usize) {
-        if RARE.compare_exchange(0, me, Acquire, Relaxed).is_ok() {
+        if RARE_WANTED.load(Relaxed) == 0 && RARE.compare_exchange(0, me, Acquire, Relaxed).is_ok()
+        {
             return;
         }
         let slot = MINE.get();
@@ -388,8 +394,11 @@ mod real {
         if let (true, Some(s)) = (was_held, s) {
             s.held.store(0, Release);
         }
-        while RARE.compare_exchange_weak(0, me, Acquire, Relaxed).is_err() {
-            std::thread::yield_now();
+        let mut spins = 0u32;
+        while RARE_WANTED.load(Relaxed) != 0
+            || RARE.compare_exchange_weak(0, me, Acquire, Relaxed).is_err()
+        {
+            pause(&mut spins);
         }
         if let (true, Some(s)) = (was_held, s) {
             // No fork is pending while this thread holds the lock.
@@ -433,9 +442,12 @@ mod real {
         let me = token();
         let took = RARE.load(Relaxed) != me;
         if took {
+            RARE_WANTED.fetch_add(1, Relaxed);
+            let mut spins = 0u32;
             while RARE.compare_exchange_weak(0, me, Acquire, Relaxed).is_err() {
-                std::thread::yield_now();
+                pause(&mut spins);
             }
+            RARE_WANTED.fetch_sub(1, Relaxed);
         }
         TOOK_RARE.set(took);
         GATE.fetch_or(PENDING, SeqCst);
@@ -455,7 +467,7 @@ mod real {
                 if s.inside.load(Acquire) != 0 {
                     busy = true;
                 } else if s.held.load(Acquire) != 0 {
-                    if spins > 1000 && !alive(s.tid.load(Relaxed)) {
+                    if spins > 1064 && !alive(s.tid.load(Relaxed)) {
                         release(s);
                     } else {
                         busy = true;
@@ -465,7 +477,17 @@ mod real {
             if !busy {
                 return;
             }
-            spins = spins.saturating_add(1);
+            pause(&mut spins);
+        }
+    }
+
+    /// One wait of a spin: a pause instruction at first, then the CPU
+    /// given up (the thread waited for may be off it).
+    fn pause(spins: &mut u32) {
+        *spins = spins.saturating_add(1);
+        if *spins < 64 {
+            core::hint::spin_loop();
+        } else {
             std::thread::yield_now();
         }
     }
