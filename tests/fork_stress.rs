@@ -206,6 +206,10 @@ fn fork_child_stress() {
                         _ => churn(k),
                     }
                     k += 4;
+                    // A breath between rounds: on a machine with fewer cores
+                    // than busy threads, a fork otherwise mostly waits for
+                    // a thread preempted inside MKL to be scheduled again.
+                    std::thread::sleep(Duration::from_micros(100));
                 }
             })
         })
