@@ -5,7 +5,10 @@
 //! written here around the raw calls exactly as the crate's fast path
 //! would run it: the marker with a `SeqCst` fence (what a process without
 //! `membarrier` pays), and a shared counter of threads inside MKL updated
-//! with atomic read-modify-writes (the Python package's gate).
+//! with atomic read-modify-writes (the Python package's gate). Then what
+//! a `fork()` costs the parent (the prepare handler's steps included), in
+//! an idle process and while two threads allocate and free 16 B blocks
+//! and one reads `manager::stats()` in a loop.
 
 use core::alloc::Layout;
 use core::cell::Cell;
@@ -13,9 +16,9 @@ use core::ffi::c_int;
 use core::hint::black_box;
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering, compiler_fence, fence};
 
-use mkl_alloc::{MklAllocator, ffi};
+use mkl_alloc::{MklAllocator, ffi, manager};
 
-use crate::harness::{interleave, per_op};
+use crate::harness::{Series, interleave, per_op};
 use crate::report::Table;
 use crate::support::*;
 
@@ -133,4 +136,61 @@ pub fn fork_guard_group(t: &mut Table) {
             1.03,
         );
     }
+}
+
+/// Microseconds of `fork()` in the parent; the child `_exit`s at once and
+/// is reaped after the clock stops.
+fn fork_us() -> f64 {
+    let t0 = std::time::Instant::now();
+    // SAFETY: the child only calls _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    let us = t0.elapsed().as_secs_f64() * 1e6;
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: reaps our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    us
+}
+
+pub fn fork_cost_group(t: &mut Table) {
+    const FORKS: usize = 200;
+    // Warm: the setup has run, MKL has an account for this thread.
+    drop(allocator_api2::vec::Vec::<u8, _>::with_capacity_in(
+        16,
+        MklAllocator,
+    ));
+    let mut idle = Series::new("fork(), idle process");
+    for _ in 0..FORKS {
+        idle.values.push(fork_us());
+    }
+    let stop = std::sync::Arc::new(core::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..3)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let layout = Layout::from_size_align(16, ALIGN).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    if i == 2 {
+                        black_box(manager::stats());
+                    } else {
+                        alloc_free(&MklAllocator, layout, 64);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut busy = Series::new("fork(), 2 threads alloc+free 16 B, 1 reads stats()");
+    for _ in 0..FORKS {
+        busy.values.push(fork_us());
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    t.group("10b. fork() in the parent", "us", &[idle, busy], 0);
 }
