@@ -220,23 +220,29 @@ pub fn disable_fast_mm() -> bool {
 /// Set once a call of [`disable_fast_mm`] was answered with 1.
 /// Sets up the crate's process-wide state now instead of at the first
 /// allocation: reads `MKL_ALLOC_BLOCK_CACHE` and `MKL_ALLOC_HUGE_PAGES`,
-/// registers the `fork` handlers that keep the block cache consistent in a
-/// child, and, in `mkl-rt` builds, calls each MKL entry point the crate
-/// uses once, so that libmkl_rt has resolved them (it resolves an entry at
-/// its first call under an internal spin lock; a child forked while another
-/// thread held it would hang at its first MKL call). Idempotent and cheap
-/// after the first call.
+/// registers the `fork` handlers (which wait until no other thread is
+/// inside one of the crate's MKL calls, and keep the block cache
+/// consistent in a child) and `membarrier` for them, creates the key that
+/// marks a thread's exit across MKL's clean-up of it (it must come before
+/// MKL's own keys, which MKL creates at its first call), and, in `mkl-rt`
+/// builds, calls each MKL entry point the crate uses once, so that
+/// libmkl_rt has resolved them (it resolves an entry at its first call
+/// under an internal spin lock; a child forked while another thread held
+/// it would hang at its first MKL call). Idempotent and cheap after the
+/// first call.
 ///
 /// A program that uses the crate's allocators from its first allocation
 /// on (a `#[global_allocator]`) needs no call; one that forks from threads
 /// and meets MKL memory later (a Python extension, a plugin) calls it
-/// early, before it starts threads: the Python package calls it at import.
+/// early, before it starts threads and before anything else calls MKL:
+/// the Python package calls it at import.
 ///
 /// ```
 /// mkl_alloc::manager::init();
 /// // A child forked from here on, from any thread, finds every MKL entry
-/// // resolved and the crate's own locks free (MKL's own per-thread locks
-/// // are MKL's: see docs/reliability.md, "Fork").
+/// // resolved, the crate's own locks free and no MKL lock held by the
+/// // crate's calls (MKL calls made outside the crate are not covered:
+/// // see docs/reliability.md, "Fork").
 /// ```
 pub fn init() {
     crate::process::setup();
