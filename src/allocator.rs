@@ -12,7 +12,7 @@ use allocator_api2::alloc::AllocError;
 
 use crate::backing::zeroing::{self, LAZY_ZERO_MIN};
 use crate::backing::{self, huge_pages};
-use crate::{ffi, process};
+use crate::{ffi, fork_guard, process};
 
 /// Every block [`MklAllocator`] hands out is aligned to at least this many
 /// bytes (MKL's recommended alignment: a cache line, one AVX-512 vector).
@@ -118,7 +118,9 @@ fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
         // SAFETY: MKL_malloc takes any size up to MAX_SIZE and a positive
         // power-of-two alignment (mkl_align's result); null on failure.
-        Some(a) if size <= MAX_SIZE => unsafe { ffi::MKL_malloc(size, a).cast() },
+        Some(a) if size <= MAX_SIZE => {
+            fork_guard::mkl(|| unsafe { ffi::MKL_malloc(size, a).cast() })
+        }
         _ => ptr::null_mut(),
     }
 }
@@ -127,7 +129,9 @@ fn mkl_malloc(size: usize, align: usize) -> *mut u8 {
 fn mkl_calloc(size: usize, align: usize) -> *mut u8 {
     match mkl_align(align) {
         // SAFETY: as in mkl_malloc; num = 1 so the product cannot overflow.
-        Some(a) if size <= MAX_SIZE => unsafe { ffi::MKL_calloc(1, size, a).cast() },
+        Some(a) if size <= MAX_SIZE => {
+            fork_guard::mkl(|| unsafe { ffi::MKL_calloc(1, size, a).cast() })
+        }
         _ => ptr::null_mut(),
     }
 }
@@ -191,7 +195,7 @@ unsafe fn alloc_slow(
 pub(crate) unsafe fn raw_free(ptr: *mut u8, size: usize) {
     let _ = size;
     // SAFETY: the caller passes a live MKL block, freed exactly once.
-    unsafe { ffi::MKL_free(ptr.cast()) }
+    fork_guard::mkl(|| unsafe { ffi::MKL_free(ptr.cast()) })
 }
 
 /// The block `ptr` of `old_size` bytes resized to `new_size`, aligned to
@@ -243,7 +247,7 @@ unsafe fn mkl_realloc(ptr: *mut u8, old_size: usize, new_size: usize, align: usi
     }
     // SAFETY: ptr is a live MKL block (caller's contract); MKL_realloc returns
     // null and leaves it intact, or frees it and returns the new block.
-    let new: *mut u8 = unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() };
+    let new: *mut u8 = fork_guard::mkl(|| unsafe { ffi::MKL_realloc(ptr.cast(), new_size).cast() });
     let align = align.max(MIN_ALIGN);
     if new as usize & (align - 1) == 0 {
         return new; // also the null case

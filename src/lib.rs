@@ -79,7 +79,9 @@ mod allocator;
 pub mod c_heap;
 mod shared_vec;
 mod split;
-// MKL's manager, and the process-wide state of the allocation path.
+// MKL's manager, and the process-wide state of the allocation path
+// (the setup, the fork handlers, the marker around every MKL call).
+mod fork_guard;
 pub mod manager;
 mod process;
 // Beneath MKL: the memory it draws on, one policy per file.

@@ -9,7 +9,7 @@
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use crate::ffi;
+use crate::{ffi, fork_guard};
 
 /// What MKL's memory manager holds right now, from `MKL_Mem_Stat`, and
 /// what the [block cache](crate::block_cache) beneath MKL keeps besides.
@@ -77,8 +77,10 @@ impl MemStats {
 /// ```
 pub fn stats() -> MemStats {
     let mut buffers: c_int = 0;
+    // Under the rare-call lock, which a fork's prepare handler takes
+    // first: MKL_Mem_Stat takes every thread's account lock.
     // SAFETY: MKL_Mem_Stat writes one int through a valid pointer.
-    let bytes = unsafe { ffi::MKL_Mem_Stat(&mut buffers) };
+    let bytes = fork_guard::rare(|| unsafe { ffi::MKL_Mem_Stat(&mut buffers) });
     let (cached_bytes, cached_buffers) = crate::block_cache::held();
     MemStats {
         bytes: bytes.max(0) as u64,
@@ -159,8 +161,9 @@ pub fn reset_peak() -> Option<u64> {
 /// MKL answers -1 while tracking is off; any other negative value is a peak
 /// below the starting point (pre-existing blocks were freed), i.e. no growth.
 fn peak(mode: c_int) -> Option<u64> {
+    // Rare-call lock: MKL takes every thread's account lock.
     // SAFETY: MKL_Peak_Mem_Usage takes one of the MKL_PEAK_MEM* modes by value.
-    let r = unsafe { ffi::MKL_Peak_Mem_Usage(mode) };
+    let r = fork_guard::rare(|| unsafe { ffi::MKL_Peak_Mem_Usage(mode) });
     match r {
         -1 => None,
         r => Some(r.max(0) as u64),
@@ -181,8 +184,9 @@ fn peak(mode: c_int) -> Option<u64> {
 pub fn free_buffers() {
     crate::c_heap::release_cached();
     crate::block_cache::empty();
+    // Rare-call lock: MKL takes every thread's account lock.
     // SAFETY: no arguments; MKL frees only cached (not live) blocks.
-    unsafe { ffi::MKL_Free_Buffers() }
+    fork_guard::rare(|| unsafe { ffi::MKL_Free_Buffers() })
 }
 
 /// Releases the calling thread's cached blocks (`MKL_Thread_Free_Buffers`).
@@ -191,8 +195,9 @@ pub fn free_buffers() {
 /// mkl_alloc::manager::thread_free_buffers();
 /// ```
 pub fn thread_free_buffers() {
+    // Rare-call lock: MKL takes this thread's account lock.
     // SAFETY: no arguments; MKL frees only this thread's cached blocks.
-    unsafe { ffi::MKL_Thread_Free_Buffers() }
+    fork_guard::rare(|| unsafe { ffi::MKL_Thread_Free_Buffers() })
 }
 
 /// Turns MKL's caching ("fast") memory manager off for the rest of the
@@ -224,8 +229,9 @@ pub fn thread_free_buffers() {
 /// assert!(manager::fast_mm_disabled());
 /// ```
 pub fn disable_fast_mm() -> bool {
+    // Rare-call lock: MKL takes its manager's locks.
     // SAFETY: no arguments; only changes how later blocks are served.
-    let turned_off = unsafe { ffi::MKL_Disable_Fast_MM() } != 0;
+    let turned_off = fork_guard::rare(|| unsafe { ffi::MKL_Disable_Fast_MM() }) != 0;
     if turned_off {
         // Relaxed: a record, read by fast_mm_disabled; MKL's own state
         // needs no ordering from us.
@@ -237,23 +243,29 @@ pub fn disable_fast_mm() -> bool {
 /// Set once a call of [`disable_fast_mm`] was answered with 1.
 /// Sets up the crate's process-wide state now instead of at the first
 /// allocation: reads `MKL_ALLOC_BLOCK_CACHE` and `MKL_ALLOC_HUGE_PAGES`,
-/// registers the `fork` handlers that keep the block cache consistent in a
-/// child, and, in `mkl-rt` builds, calls each MKL entry point the crate
-/// uses once, so that libmkl_rt has resolved them (it resolves an entry at
-/// its first call under an internal spin lock; a child forked while another
-/// thread held it would hang at its first MKL call). Idempotent and cheap
-/// after the first call.
+/// registers the `fork` handlers (which wait until no other thread is
+/// inside one of the crate's MKL calls, and keep the block cache
+/// consistent in a child) and `membarrier` for them, creates the key that
+/// marks a thread's exit across MKL's clean-up of it (it must come before
+/// MKL's own keys, which MKL creates at its first call), and, in `mkl-rt`
+/// builds, calls each MKL entry point the crate uses once, so that
+/// libmkl_rt has resolved them (it resolves an entry at its first call
+/// under an internal spin lock; a child forked while another thread held
+/// it would hang at its first MKL call). Idempotent and cheap after the
+/// first call.
 ///
 /// A program that uses the crate's allocators from its first allocation
 /// on (a `#[global_allocator]`) needs no call; one that forks from threads
 /// and meets MKL memory later (a Python extension, a plugin) calls it
-/// early, before it starts threads: the Python package calls it at import.
+/// early, before it starts threads and before anything else calls MKL:
+/// the Python package calls it at import.
 ///
 /// ```
 /// mkl_alloc::manager::init();
 /// // A child forked from here on, from any thread, finds every MKL entry
-/// // resolved and the crate's own locks free (MKL's own per-thread locks
-/// // are MKL's: see docs/reliability.md, "Fork").
+/// // resolved, the crate's own locks free and no MKL lock held by the
+/// // crate's calls (MKL calls made outside the crate are not covered:
+/// // see docs/reliability.md, "Fork").
 /// ```
 pub fn init() {
     crate::process::setup();
@@ -322,8 +334,10 @@ impl std::error::Error for LimitError {}
 /// assert!(mkl_alloc::manager::set_mcdram_limit(1 << 30).is_ok());
 /// ```
 pub fn set_mcdram_limit(bytes: usize) -> Result<(), LimitError> {
+    // Rare-call lock: MKL takes its manager's locks.
     // SAFETY: memory type and limit are passed by value.
-    let status = unsafe { ffi::MKL_Set_Memory_Limit(ffi::MKL_MEM_MCDRAM, bytes) };
+    let status =
+        fork_guard::rare(|| unsafe { ffi::MKL_Set_Memory_Limit(ffi::MKL_MEM_MCDRAM, bytes) });
     if status == 0 {
         Ok(())
     } else {

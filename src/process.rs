@@ -21,25 +21,43 @@
 //!
 //! **Fork.** A child process has one thread, the copy of the one that
 //! called `fork`; a lock that another thread held at that moment would stay
-//! locked in the child forever. The block cache's shard locks are the only
-//! locks on the allocation path (the c_heap bins and the shrink records are
-//! lock-free), so the setup registers `pthread_atfork` handlers that take
-//! every shard lock, in one fixed order, before the fork, and release them
-//! after it in both processes; the child also recounts the cache's budget
-//! word from the shards, since a thread that had reserved bytes but not yet
-//! cached its block does not exist in the child. In `mkl-rt` builds the
-//! setup also calls each MKL entry point the crate uses once: libmkl_rt
-//! resolves an entry at its first call under an internal spin lock, and a
-//! child forked while another thread held that lock hangs at its first MKL
-//! call. MKL's memory manager also keeps a spin lock per thread, which no
-//! handler here can take or release (MKL has no fork handler of its own);
-//! docs/reliability.md says what that means for a child.
+//! locked in the child forever. The setup registers `pthread_atfork`
+//! handlers. The prepare handler takes, in this order:
+//!
+//! 1. the crate's rare-call lock (`fork_guard::rare`: MKL's statistics,
+//!    peak usage and buffer freeing, which take every thread's account
+//!    lock inside MKL);
+//! 2. the gate: it waits until no thread is inside an MKL call
+//!    (`fork_guard::mkl` marks every `MKL_malloc`, `MKL_calloc`,
+//!    `MKL_realloc` and `MKL_free` of the crate) or inside MKL's clean-up
+//!    of an exiting thread, and holds new calls outside until the fork is
+//!    done; so no code beneath MKL runs either, and locks taken only by
+//!    such code need no step of their own (any that must be held come
+//!    after this step);
+//! 3. the block cache's shard locks, in one fixed order
+//!    (`block_cache::lock_for_fork`; the c_heap bins and the chunk
+//!    table are lock-free).
+//!
+//! The parent's and the child's handlers release them in the reverse
+//! order; the child also recounts the cache's budget word from the shards,
+//! since a thread that had reserved bytes but not yet cached its block does
+//! not exist in the child, and gives back the other threads' markers. A
+//! fork from a signal handler skips what the interrupted thread itself
+//! holds (the rare-call lock, its own marker, a shard it holds), which the
+//! child's copy of that thread releases when the handler returns. In
+//! `mkl-rt` builds the setup also calls each MKL entry point the crate uses
+//! once: libmkl_rt resolves an entry at its first call under an internal
+//! spin lock, and a child forked while another thread held that lock hangs
+//! at its first MKL call. MKL calls made outside the crate (BLAS and the
+//! like, from other threads) are not covered: docs/reliability.md says what
+//! that means for a child.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 #[cfg(not(loom))]
 use crate::backing::block_cache;
 use crate::backing::{self, huge_pages};
+use crate::fork_guard;
 
 /// Sizes at or above this take the slow path (0 until the setup has run).
 static SLOW: AtomicUsize = AtomicUsize::new(0);
@@ -88,6 +106,9 @@ static AT_LOAD: extern "C" fn() = {
 pub(crate) fn setup() {
     // Each reads its variable if nothing set the policy yet (under loom the
     // allocation path has no cache: loom models the shards directly).
+    // First: the exit destructor's key must precede MKL's keys, which MKL
+    // creates at its first call (see fork_guard).
+    fork_guard::setup();
     #[cfg(not(loom))]
     let _ = block_cache::budget();
     let _ = huge_pages::threshold();
@@ -102,31 +123,37 @@ pub(crate) fn setup() {
 
 fn register_fork_handlers() {
     static REGISTERED: AtomicBool = AtomicBool::new(false);
-    #[cfg(not(any(loom, miri)))]
+    #[cfg(all(target_os = "linux", not(any(loom, miri))))]
     if !REGISTERED.swap(true, Relaxed) {
-        // Three handlers that neither allocate nor fork (none on Windows).
+        // Three handlers that neither allocate nor fork.
         crate::sys::at_fork(before_fork, after_fork, in_child);
     }
-    #[cfg(any(loom, miri))]
+    // No fork to handle under loom and Miri, nor on Windows.
+    #[cfg(any(loom, miri, not(target_os = "linux")))]
     REGISTERED.store(true, Relaxed);
 }
 
-/// `pthread_atfork`'s prepare handler: hold every lock of the allocation path.
-#[cfg(not(any(loom, miri)))]
+/// `pthread_atfork`'s prepare handler: the rare-call lock, no thread
+/// inside MKL, every shard lock (in that order: see the module docs).
+#[cfg(all(target_os = "linux", not(any(loom, miri))))]
 extern "C" fn before_fork() {
+    fork_guard::prepare();
     block_cache::lock_for_fork();
 }
 
-/// The parent's handler: release what `before_fork` took.
-#[cfg(not(any(loom, miri)))]
+/// The parent's handler: release what `before_fork` took, in reverse.
+#[cfg(all(target_os = "linux", not(any(loom, miri))))]
 extern "C" fn after_fork() {
     block_cache::unlock_after_fork(false);
+    fork_guard::after_fork(false);
 }
 
-/// The child's handler: make the cache consistent, then release it.
-#[cfg(not(any(loom, miri)))]
+/// The child's handler: make the cache and the markers consistent, then
+/// release them.
+#[cfg(all(target_os = "linux", not(any(loom, miri))))]
 extern "C" fn in_child() {
     block_cache::unlock_after_fork(true);
+    fork_guard::after_fork(true);
 }
 
 /// Calls each MKL entry point the crate uses, once, so that libmkl_rt has
@@ -139,8 +166,9 @@ fn resolve_mkl_entries() {
     // SAFETY: a block is allocated, resized and freed once; the zeroed one
     // is freed once; the queries take valid pointers or plain values
     // (MKL_PEAK_MEM only reads the peak); freeing MKL's buffers releases
-    // only cached, unused ones.
-    unsafe {
+    // only cached, unused ones. Under the rare-call lock, since the
+    // handlers are registered already.
+    fork_guard::rare(|| unsafe {
         let p = ffi::MKL_malloc(64, 64);
         if !p.is_null() {
             let q = ffi::MKL_realloc(p, 128);
@@ -155,5 +183,5 @@ fn resolve_mkl_entries() {
         ffi::MKL_Peak_Mem_Usage(ffi::MKL_PEAK_MEM);
         ffi::MKL_Thread_Free_Buffers();
         ffi::MKL_Free_Buffers();
-    }
+    });
 }

@@ -39,6 +39,8 @@
 //! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc | 45 s |
 //! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 2-4 min |
 //! | config push 10^8 | 21 | Vec push to 10^8, the second push of a process (and the first) | 1.5-2.5 min |
+//! | fork guard | 10 | issue 27: alloc+free 16 B and 1 MiB, MklAllocator (with its fork marker) against raw MKL and the candidate markers (SeqCst fence, atomic counter) | 3 s |
+//! | fork cost | 10b | issue 27: fork() in the parent, idle and while threads allocate and read stats() | 1-60 s |
 //!
 //! Configurations (issue 21). The `config` groups and the workload group
 //! run every measurement in a fresh child process: perf re-runs itself as
@@ -83,6 +85,7 @@ mod support;
 
 mod classic;
 mod configs;
+mod fork_guard;
 mod harness;
 mod huge;
 mod report;
@@ -99,7 +102,7 @@ use report::{Machine, Table};
 type Group = fn(&mut Table);
 
 /// Every group, in the order they run.
-const GROUPS: [(&str, Group); 14] = [
+const GROUPS: [(&str, Group); 16] = [
     ("alloc+free", classic::alloc_free_group),
     ("small objects", classic::small_objects_group),
     ("Vec growth", classic::growth_group),
@@ -114,6 +117,8 @@ const GROUPS: [(&str, Group); 14] = [
     ("config small blocks", configs::small_blocks_group),
     ("config big buffers", configs::big_buffers_group),
     ("config push 10^8", configs::push_1e8_group),
+    ("fork guard", fork_guard::fork_guard_group),
+    ("fork cost", fork_guard::fork_cost_group),
 ];
 
 /// `target/perf/results.json` in the `target/` this binary was built in

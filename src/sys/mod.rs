@@ -29,9 +29,12 @@ mod windows;
 use windows as imp;
 
 pub(crate) use imp::{
-    EnvBuf, advise_huge, at_fork, discard_to_zero, env_var, now_ms, physical_memory, thp_enabled,
+    EnvBuf, advise_huge, discard_to_zero, env_var, now_ms, physical_memory, thp_enabled,
     write_stderr,
 };
+// Windows has no `fork`: the handlers exist on Unix only.
+#[cfg(unix)]
+pub(crate) use imp::at_fork;
 
 #[cfg(all(test, not(miri)))]
 mod tests {

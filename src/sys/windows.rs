@@ -107,11 +107,6 @@ pub(crate) fn thp_enabled() -> Option<String> {
     None
 }
 
-/// Windows has no `fork`: nothing to register.
-pub(crate) fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
-    let _ = (prepare, parent, child);
-}
-
 /// Writes `msg` to the standard error handle with one `WriteFile`: no
 /// allocation. Nothing is written if there is no such handle.
 pub(crate) fn write_stderr(msg: &[u8]) {

@@ -80,12 +80,55 @@ impl Shard {
         }
     }
 
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Slots> {
+    fn lock(&self) -> Locked<'_> {
+        #[cfg(not(loom))]
+        HOLDS.set(ptr::from_ref(self).addr());
         // Nothing panics while a shard is locked (comparisons and copies):
         // a poisoned lock still holds consistent slots.
-        self.slots
+        let guard = self
+            .slots
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Locked {
+            guard: core::mem::ManuallyDrop::new(guard),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The shard this thread is locking, holds, or has just unlocked (its
+    /// address; 0: none). Set before the lock is taken and cleared after
+    /// it is released, so that a `fork` from a signal handler that
+    /// interrupted this thread knows which shard it may hold (see
+    /// [`Cache::lock_for_fork`]). Nothing else holds two shards at once.
+    static HOLDS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// A locked shard's slots; unlocking also clears this thread's `HOLDS`.
+struct Locked<'a> {
+    guard: core::mem::ManuallyDrop<crate::sync::MutexGuard<'a, Slots>>,
+}
+
+impl core::ops::Deref for Locked<'_> {
+    type Target = Slots;
+    fn deref(&self) -> &Slots {
+        &self.guard
+    }
+}
+
+impl core::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Slots {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the guard is dropped here once, and never used again.
+        unsafe { core::mem::ManuallyDrop::drop(&mut self.guard) };
+        #[cfg(not(loom))]
+        HOLDS.set(0);
     }
 }
 
@@ -314,10 +357,28 @@ impl Cache {
     /// the shards: `pthread_atfork`'s prepare handler, so that no other
     /// thread is inside a shard when the process forks. Nothing else holds
     /// two shard locks at once, so the fixed order cannot deadlock.
+    ///
+    /// A fork from a signal handler may have interrupted this very thread
+    /// inside a shard: that shard (this thread's `HOLDS`) is only tried,
+    /// for about a millisecond (the thread may also have been about to
+    /// lock it, or have just unlocked it, while another holds it), and
+    /// skipped if it stays locked: the interrupted code, which holds it,
+    /// resumes in both processes when the handler returns.
     #[cfg(not(loom))]
     pub(crate) fn lock_for_fork(&'static self) {
+        let mine = HOLDS.get();
         for shard in &self.shards {
-            let guard = shard.lock();
+            let guard = if ptr::from_ref(shard).addr() == mine {
+                match try_lock_briefly(shard) {
+                    Some(guard) => guard,
+                    None => continue,
+                }
+            } else {
+                shard
+                    .slots
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            };
             // SAFETY: this thread holds the shard's lock (see `Shard`'s Sync).
             unsafe { *shard.fork_guard.get() = Some(guard) };
         }
@@ -333,7 +394,17 @@ impl Cache {
     /// its copy), once after it.
     #[cfg(not(loom))]
     pub(crate) unsafe fn unlock_after_fork(&'static self, recount: bool) {
-        if recount {
+        // A shard skipped by a fork from a signal handler (no guard kept)
+        // holds blocks the recount cannot see, and its thread, which
+        // resumes in the child, has reservations in flight: the word is
+        // then left as it was (at worst too high: the cache keeps less).
+        // SAFETY: this thread is the only one touching the fork guards
+        // (the caller's contract).
+        let all = self
+            .shards
+            .iter()
+            .all(|shard| unsafe { (*shard.fork_guard.get()).is_some() });
+        if recount && all {
             let mut bytes = 0;
             for shard in &self.shards {
                 // SAFETY: this thread holds every shard's lock, its guard
@@ -369,6 +440,20 @@ impl Cache {
         }
         total
     }
+}
+
+/// The lock of a shard that this thread may hold itself (see
+/// [`Cache::lock_for_fork`]): tried for about a millisecond.
+#[cfg(not(loom))]
+fn try_lock_briefly(shard: &'static Shard) -> Option<crate::sync::MutexGuard<'static, Slots>> {
+    for _ in 0..1000 {
+        match shard.slots.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
 }
 
 #[cfg(all(test, not(loom)))]
