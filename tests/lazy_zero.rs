@@ -57,7 +57,12 @@ fn fresh_then_reused(huge: bool) {
                 p.write_bytes(0xAB, size);
                 MklAllocator.dealloc(p, layout);
                 let q = MklAllocator.alloc_zeroed(layout);
-                assert_eq!(q, p, "the cached block is reused");
+                // Where MKL is on the crate's chunks (Linux), the cached
+                // chunk serves it, dirty; elsewhere the C runtime's heap
+                // may or may not reuse the block.
+                if mkl_alloc::backing::state() == mkl_alloc::backing::Backing::Active {
+                    assert_eq!(q, p, "the cached block is reused");
+                }
                 assert!(all_zero(q, size), "reused {size} B at {align}, huge {huge}");
                 q.write_bytes(0xCD, size);
                 MklAllocator.dealloc(q, layout);
