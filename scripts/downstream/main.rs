@@ -66,7 +66,17 @@ fn main() {
         during.bytes >= before.bytes + (8 << 20),
         "the global allocator's large block is not MKL's: {before:?} -> {during:?}"
     );
+    // MKL on the crate's memory in every link mode: the block lives in a
+    // chunk (2 MiB-aligned, MKL's 64-byte header in front), and once freed
+    // it leaves MKL's count though the block cache keeps the chunk.
+    assert_eq!(
+        during.backing,
+        mkl_alloc::backing::Backing::Active,
+        "MKL does not take the crate's memory pointers in mode {mode}"
+    );
+    assert_eq!(big.as_ptr() as usize % (2 << 20), 64, "the 8 MiB block is not in a chunk");
     drop(big);
+    assert_eq!(manager::stats().mkl_held(), before.mkl_held(), "a freed block still counted");
 
     let mut expect = vec![0.0f64; m * n];
     for i in 0..m {
