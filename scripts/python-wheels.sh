@@ -3,6 +3,20 @@
 # tested as a user without Rust gets them:
 #
 #   bash scripts/python-wheels.sh OUTDIR [--pythons "3.10 3.13"]
+#   bash scripts/python-wheels.sh OUTDIR --windows
+#
+# --windows (issue 28): the win_amd64 wheel instead, cp311-abi3-win_amd64,
+# cross-built here for x86_64-pc-windows-gnu (the target and mingw-w64's
+# gcc must be installed: scripts/windows-python-check.sh installs them).
+# PyO3 0.30 links python3.dll with raw-dylib (its `generate-import-lib`
+# feature is deprecated and no longer needed), so no Windows Python is
+# needed to build; maturin builds the abi3 wheel from its own sysconfig.
+# The extension links the `mkl` wheel's mkl_rt.3.dll, which it finds at run
+# time in the environment's Library\bin (mkl_alloc/__init__.py adds the
+# folder with os.add_dll_directory). The wheel is audited (its name, one
+# .pyd, no MKL DLL inside, the DLLs the .pyd imports: python3.dll, not a
+# version's python3XY.dll, mkl_rt.3.dll and Windows' own) and put into
+# OUTDIR; scripts/windows-python-check.sh installs and tests it under wine.
 #
 # Wheels (two cover CPython 3.10 and later):
 #   - cp310-cp310: CPython 3.10, version-specific. pyo3 has the buffer
@@ -52,13 +66,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-usage() { echo "usage: $0 OUTDIR [--pythons \"3.10 3.11 3.12 3.13\"]" >&2; exit 2; }
+usage() { echo "usage: $0 OUTDIR [--pythons \"3.10 3.11 3.12 3.13\" | --windows]" >&2; exit 2; }
 outdir=""
+windows=""
 pythons="3.10 3.11 3.12 3.13"
 while [ $# -gt 0 ]; do
   case "$1" in
     --pythons) [ $# -ge 2 ] || usage; pythons=${2//,/ }; shift 2 ;;
     --pythons=*) pythons=${1#--pythons=}; pythons=${pythons//,/ }; shift ;;
+    --windows) windows=1; shift ;;
     -h|--help) usage ;;
     -*) echo "unknown option: $1" >&2; usage ;;
     *) [ -z "$outdir" ] || usage; outdir=$1; shift ;;
@@ -76,6 +92,63 @@ phase() { printf -- '-- %s (%ss)\n' "$1" "$SECONDS"; }
 # shellcheck source=python-tools.sh
 . scripts/python-tools.sh
 python_tools
+
+# Cargo's version is the package's (pyproject's `dynamic`; the workspace's
+# version in the root Cargo.toml).
+version=$(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+v = {p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}
+assert v["mkl-alloc"] == v["mkl-alloc-python"], v
+print(v["mkl-alloc"])')
+echo "version: $version (mkl-alloc and mkl-alloc-python)"
+
+if [ -n "$windows" ]; then
+  triple=x86_64-pc-windows-gnu
+  for tool in x86_64-w64-mingw32-gcc x86_64-w64-mingw32-objdump; do
+    command -v "$tool" >/dev/null || { echo "--windows needs $tool (mingw-w64: scripts/windows-python-check.sh installs it)" >&2; exit 1; }
+  done
+  rustup target list --installed | grep -qx "$triple" \
+    || { echo "--windows needs the Rust target $triple (rustup target add $triple)" >&2; exit 1; }
+  rm -rf "$stage"
+  mkdir -p "$stage/win"
+  phase "maturin build: cp311-abi3-win_amd64 ($triple)"
+  CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc PATH="$tools/bin:$PATH" \
+    nice -n 10 "$tools/bin/maturin" build --release -m python/Cargo.toml --target "$triple" \
+    --features abi3 -o "$stage/win"
+  whl="$stage/win/mkl_alloc-$version-cp311-abi3-win_amd64.whl"
+  if [ ! -f "$whl" ] || [ "$(ls "$stage/win" | wc -l)" -ne 1 ]; then
+    echo "expected exactly $whl; got: $(ls "$stage/win")" >&2
+    exit 1
+  fi
+  phase "audit $(basename "$whl")"
+  rm -rf "$stage/win-unpacked"
+  mkdir "$stage/win-unpacked"
+  (cd "$stage/win-unpacked" && python3 -m zipfile -e "$whl" .)
+  files=$(cd "$stage/win-unpacked" && find . -type f | sort)
+  pyds=$(grep -c '\.pyd$' <<<"$files" || true)
+  if [ "$pyds" -ne 1 ] || [ ! -f "$stage/win-unpacked/mkl_alloc/_native.pyd" ]; then
+    echo "expected one extension, mkl_alloc/_native.pyd; the wheel has: $files" >&2; exit 1
+  fi
+  if grep -qi '\.dll$' <<<"$files"; then
+    echo "a DLL inside the wheel (MKL's come from the mkl wheel): $files" >&2; exit 1
+  fi
+  imports=$(x86_64-w64-mingw32-objdump -p "$stage/win-unpacked/mkl_alloc/_native.pyd" \
+    | sed -n 's/^[[:space:]]*DLL Name: //p' | sort -u)
+  # Beyond python3.dll and mkl_rt.3.dll: Windows' own DLLs (the Rust
+  # standard library's and the C runtime's), found on every Windows.
+  unexpected=$(grep -viE '^(python3|mkl_rt\.3|kernel32|ntdll|msvcrt|userenv|ws2_32|bcryptprimitives|api-ms-win-[a-z0-9-]+)\.dll$' <<<"$imports" || true)
+  if [ -n "$unexpected" ] || ! grep -qx 'python3.dll' <<<"$imports" || ! grep -qx 'mkl_rt.3.dll' <<<"$imports"; then
+    echo "_native.pyd imports $(tr '\n' ' ' <<<"$imports"): expected python3.dll (abi3), mkl_rt.3.dll and Windows' own DLLs" >&2
+    exit 1
+  fi
+  echo "  mkl_alloc/_native.pyd imports: $(tr '\n' ' ' <<<"$imports")"
+  rm -f "$outdir"/mkl_alloc-*win_amd64.whl
+  cp "$whl" "$outdir/"
+  echo "wheel in $outdir:"
+  ls -l "$outdir/$(basename "$whl")"
+  phase "python wheels (windows): ok"
+  exit 0
+fi
 
 # An interpreter for 3.X: pyenv's newest 3.X.* build with the GIL, else
 # python3.X from the PATH; checked by asking it its version.
@@ -111,15 +184,6 @@ for v in $pythons; do
     abi3_python=$v
   fi
 done
-
-# Cargo's version is the package's (pyproject's `dynamic`; the workspace's
-# version in the root Cargo.toml).
-version=$(cargo metadata --no-deps --format-version 1 | python3 -c '
-import json, sys
-v = {p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}
-assert v["mkl-alloc"] == v["mkl-alloc-python"], v
-print(v["mkl-alloc"])')
-echo "version: $version (mkl-alloc and mkl-alloc-python)"
 
 # 2. Build. maturin reads python/pyproject.toml; the options here are what
 # a published wheel needs beyond a local build: zig and manylinux2014.

@@ -72,6 +72,41 @@ def _load_mkl_rt() -> None:
     raise ImportError("the `mkl` package is installed without libmkl_rt.so.3")
 
 
+def _add_mkl_dll_directories() -> list[Any]:
+    """Windows: lets the extension find the `mkl` wheel's DLLs.
+
+    The wheel installs mkl_rt.3.dll and the DLLs it loads into the
+    environment's ``Library\\bin``, which Windows does not search for an
+    extension's dependencies; ``os.add_dll_directory`` adds it, as
+    mkl-service does for a venv. Here it is added whether or not the
+    environment is a venv (``sys.exec_prefix\\Library\\bin``), and so is
+    the folder where the installed ``mkl`` distribution's own file list puts
+    mkl_rt.3.dll, where that differs (a ``--user`` or ``--target`` install).
+    Returns the handles, kept for the process's life."""
+    import importlib.metadata
+    import os
+
+    folders = [os.path.join(sys.exec_prefix, "Library", "bin")]
+    try:
+        files = importlib.metadata.distribution("mkl").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name.lower() == "mkl_rt.3.dll":
+            folders.append(os.path.dirname(os.path.abspath(str(f.locate()))))
+    handles = []
+    seen = set()
+    for folder in folders:
+        key = os.path.normcase(os.path.abspath(folder))
+        if key not in seen and os.path.isdir(folder):
+            seen.add(key)
+            handles.append(os.add_dll_directory(folder))  # type: ignore[attr-defined,unused-ignore]
+    return handles
+
+
+if sys.platform == "win32":
+    _mkl_dll_directories = _add_mkl_dll_directories()
+
 try:
     from . import _native
 except ImportError as _e:

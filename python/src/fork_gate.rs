@@ -24,6 +24,9 @@
 //! exits (`mm_cleanup_thread_cbk`, which takes the same locks, without the
 //! GIL), nor MKL calls by other libraries in the process.
 //!
+//! Windows has no `fork`: there [`register`] registers nothing and the gate
+//! is never closed, so passing it only counts.
+//!
 //! Passing costs one atomic add and subtract on a counter of the thread's
 //! own (one of [`SHARDS`], each on its own cache line), and a load of the
 //! closed flag.
@@ -100,6 +103,7 @@ pub fn pass<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+#[cfg(unix)]
 extern "C" fn prepare() {
     CLOSED.store(true, SeqCst);
     // The forking thread itself is never inside (os.fork is not called from
@@ -109,10 +113,12 @@ extern "C" fn prepare() {
     }
 }
 
+#[cfg(unix)]
 extern "C" fn in_parent() {
     CLOSED.store(false, SeqCst);
 }
 
+#[cfg(unix)]
 extern "C" fn in_child() {
     // Only this thread exists: counts of threads that had stepped in and
     // were about to step back out (they saw the gate closed) are void.
@@ -122,6 +128,7 @@ extern "C" fn in_child() {
     CLOSED.store(false, SeqCst);
 }
 
+#[cfg(unix)]
 unsafe extern "C" {
     fn pthread_atfork(
         prepare: Option<extern "C" fn()>,
@@ -130,10 +137,17 @@ unsafe extern "C" {
     ) -> core::ffi::c_int;
 }
 
+/// Off Unix (Windows) there is no `fork`, so no handler to register: Ok.
+#[cfg(not(unix))]
+pub fn register() -> Result<(), i32> {
+    Ok(())
+}
+
 /// Registers the handlers (once per process, whatever the calls), after
 /// `mkl_alloc::manager::init()`: prepare handlers run in reverse order of
 /// registration, so this gate closes before the crate's handler takes the
 /// block cache's locks. Err: `pthread_atfork`'s error number.
+#[cfg(unix)]
 pub fn register() -> Result<(), i32> {
     static REGISTERED: AtomicBool = AtomicBool::new(false);
     if REGISTERED.swap(true, SeqCst) {

@@ -3,6 +3,7 @@
 import ctypes
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -70,12 +71,34 @@ def require(module):
 
 MiB = 1 << 20
 
+# The tests that need Linux itself (fork, /proc, madvise, the MPI and JAX
+# wheels of the test extras) are skipped elsewhere, each with its reason:
+# scripts/windows-python-check.sh runs the rest on Windows CPython.
+LINUX = sys.platform.startswith("linux")
+
+
+def linux_only(reason):
+    """A skip marker for a test that needs Linux: `reason` says what of it."""
+    return pytest.mark.skipif(not LINUX, reason=f"Linux only: {reason}")
+
+
+def numpy_at_least(version):
+    """Whether the installed NumPy is `version` ("2.1.0") or later. Under
+    wine the Windows tests run NumPy 1.26 (NumPy 2's Windows wheels need a
+    C runtime function wine 8 lacks), so tests of NumPy 2 features say so."""
+    import numpy as np
+
+    return np.lib.NumpyVersion(np.__version__) >= version
+
 
 def block_cache_on():
     """Whether the crate's block cache keeps freed blocks of 1 MiB and more,
     as MKL_ALLOC_BLOCK_CACHE sets it: on unless "off" or "0" (unset, empty,
-    "on" or a byte count: on; any other value keeps the default, on)."""
-    return os.environ.get("MKL_ALLOC_BLOCK_CACHE", "") not in ("off", "0")
+    "on" or a byte count: on; any other value keeps the default, on).
+    The cache beneath MKL is Linux-only for now: elsewhere (Windows) MKL's
+    blocks come from the C runtime and the cache never keeps one: off.
+    """
+    return LINUX and os.environ.get("MKL_ALLOC_BLOCK_CACHE", "") not in ("off", "0")
 
 
 def huge_page_threshold():

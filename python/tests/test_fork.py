@@ -13,6 +13,10 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="no os.fork on this platform (Windows has no fork)"
+)
+
 STRESS = pathlib.Path(__file__).with_name("fork_stress.py")
 FORKS = 1000
 

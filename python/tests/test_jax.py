@@ -7,9 +7,11 @@ import gc
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import LINUX, require
 from mkl_alloc import MKLMemory
 
+if not LINUX:
+    pytest.skip("Linux only: the jax extra is tested on Linux", allow_module_level=True)
 require("jax")
 import jax.numpy as jnp  # noqa: E402
 

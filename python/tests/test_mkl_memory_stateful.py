@@ -19,14 +19,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from conftest import numpy_at_least
 from mkl_alloc import MKLMemory
 
 SIZES = st.integers(min_value=1, max_value=4096)
 ALIGNMENTS = st.sampled_from([1, 2, 8, 64, 128, 4096, 1 << 16])
 
 # Exports Python code can write through, and those it cannot (capsules).
-WRITABLE_KINDS = ["memoryview", "frombuffer", "asarray", "from_dlpack"]
-CAPSULE_KINDS = ["capsule_legacy", "capsule_versioned"]
+# NumPy before 2.1 imports a DLPack tensor read-only: there from_dlpack is
+# an export of the second kind.
+NUMPY_2_1 = numpy_at_least("2.1.0")
+_DLPACK = ["from_dlpack"]
+WRITABLE_KINDS = ["memoryview", "frombuffer", "asarray"] + (_DLPACK if NUMPY_2_1 else [])
+CAPSULE_KINDS = ["capsule_legacy", "capsule_versioned"] + ([] if NUMPY_2_1 else _DLPACK)
 
 
 def make_export(m, kind):
@@ -140,6 +145,7 @@ class MKLMemoryMachine(RuleBasedStateMachine):
     def copy(self, deep):
         self.check_copy(copy.deepcopy(self.m) if deep else copy.copy(self.m))
 
+    @precondition(lambda self: NUMPY_2_1)  # from_dlpack(copy=) is NumPy 2.1's
     @rule()
     def dlpack_copy(self):
         d = np.from_dlpack(self.m, copy=True)

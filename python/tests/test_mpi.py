@@ -11,8 +11,11 @@ import sys
 
 import pytest
 
-from conftest import require
+from conftest import LINUX, require
 
+if not LINUX:
+    pytest.skip("Linux only: the `mpich` wheel of the test extra, and its mpiexec, are Linux's",
+                allow_module_level=True)
 require("mpi4py")
 
 PYTHON_DIR = pathlib.Path(__file__).resolve().parent.parent

@@ -7,7 +7,13 @@ import gc
 import numpy as np
 import pytest
 
+from conftest import numpy_at_least
 from mkl_alloc import MKLMemory
+
+needs_numpy_2_1 = pytest.mark.skipif(
+    not numpy_at_least("2.1.0"),
+    reason=f"NumPy {np.__version__}: np.from_dlpack's writable arrays and copy= are NumPy 2.1's",
+)
 
 
 def test_frombuffer_shares_the_block_and_writes_go_both_ways():
@@ -46,6 +52,7 @@ def test_ndarray_blocks_realloc_until_deleted():
     assert m.nbytes == 128
 
 
+@needs_numpy_2_1
 def test_from_dlpack_is_zero_copy_and_counted():
     m = MKLMemory(np.arange(16, dtype=np.uint8), alignment=256)
     d = np.from_dlpack(m)
@@ -198,6 +205,7 @@ def test_consumed_capsule_is_released_by_the_deleter_not_the_capsule(versioned):
     assert m.exports == 0
 
 
+@needs_numpy_2_1
 def test_dlpack_copy_true_exports_a_copy():
     m = MKLMemory(b"copy me")
     cap = m.__dlpack__(max_version=(1, 0), copy=True)

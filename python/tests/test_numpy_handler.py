@@ -344,8 +344,10 @@ def _vm_flags(addr):
 
 
 needs_thp = pytest.mark.skipif(
-    not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
-    reason="the kernel has no transparent huge pages",
+    # Linux first: under wine, "/sys/..." is the Z: drive's, Linux's own.
+    not sys.platform.startswith("linux")
+    or not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"),
+    reason="the kernel has no transparent huge pages (Linux's madvise and /proc smaps)",
 )
 
 # In a process of its own, with the crate's huge-page policy off

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import linux_only
 
 import mkl_alloc
 from mkl_alloc import MAX_ALIGNMENT, MKLMemory
@@ -52,6 +53,7 @@ def test_num_size_with_an_alignment_keyword():
     assert m._pointer % 4096 == 0 and m.tobytes() == bytes(32)
 
 
+@linux_only("measures the RSS in /proc/self/status")
 def test_the_zeroed_form_adds_no_resident_memory_until_touched():
     # In a child, so that nothing else this process did moves its RSS.
     script = textwrap.dedent(

@@ -9,6 +9,15 @@ import sys
 import pytest
 
 import mkl_alloc
+from conftest import numpy_at_least
+
+if not numpy_at_least("2.0.0"):
+    import numpy
+
+    pytest.skip(
+        f"mypy checks mkl_alloc against NumPy 2's stubs (numpy._core); NumPy {numpy.__version__} has none",
+        allow_module_level=True,
+    )
 
 PYTHON_DIR = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = PYTHON_DIR / "examples"
