@@ -40,6 +40,11 @@ pub fn alloc_free_group(t: &mut Table) {
                 ("mimalloc", &mut || {
                     per_op(iters, || alloc_free(&mimalloc::MiMalloc, layout, iters))
                 }),
+                ("jemalloc", &mut || {
+                    per_op(iters, || {
+                        alloc_free(&tikv_jemallocator::Jemalloc, layout, iters)
+                    })
+                }),
             ],
         );
         let title = format!("1. alloc+free {} (align 64)", size_name(size));
@@ -77,6 +82,11 @@ pub fn small_objects_group(t: &mut Table) {
                 ("mimalloc", &mut || {
                     per_op(iters, || alloc_free(&mimalloc::MiMalloc, layout, iters))
                 }),
+                ("jemalloc", &mut || {
+                    per_op(iters, || {
+                        alloc_free(&tikv_jemallocator::Jemalloc, layout, iters)
+                    })
+                }),
             ],
         );
         let title = format!("1b. alloc+free {} (align 8)", size_name(size));
@@ -113,6 +123,11 @@ pub fn growth_group(t: &mut Table) {
             ("Vec<f64, mimalloc>", &mut || {
                 ms(|| {
                     black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), N));
+                })
+            }),
+            ("Vec<f64, jemalloc>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(ViaGlobal(tikv_jemallocator::Jemalloc), N));
                 })
             }),
         ],

@@ -161,6 +161,9 @@ pub enum Env {
     Defaults,
     /// `MKL_ALLOC_BLOCK_CACHE=off MKL_ALLOC_HUGE_PAGES=off`, nothing else.
     AllOff,
+    /// `MKL_ALLOC_BACKING=off`, nothing else: MKL's memory pointers left
+    /// alone (MKL on glibc).
+    BackingOff,
 }
 
 /// Sets `cmd`'s environment to `env`: every `MKL_ALLOC_*` variable of
@@ -171,9 +174,15 @@ pub fn apply_env(cmd: &mut Command, env: Env) {
             cmd.env_remove(&k);
         }
     }
-    if env == Env::AllOff {
-        cmd.env("MKL_ALLOC_BLOCK_CACHE", "off");
-        cmd.env("MKL_ALLOC_HUGE_PAGES", "off");
+    match env {
+        Env::Defaults => {}
+        Env::AllOff => {
+            cmd.env("MKL_ALLOC_BLOCK_CACHE", "off");
+            cmd.env("MKL_ALLOC_HUGE_PAGES", "off");
+        }
+        Env::BackingOff => {
+            cmd.env("MKL_ALLOC_BACKING", "off");
+        }
     }
 }
 

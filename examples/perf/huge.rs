@@ -90,6 +90,11 @@ fn huge_growth(t: &mut Table, rounds: usize, n: usize, row: &str, name: &str) {
                     black_box(vec_growth(ViaGlobal(mimalloc::MiMalloc), n));
                 })
             }),
+            ("Vec<f64, jemalloc>", &mut || {
+                ms(|| {
+                    black_box(vec_growth(ViaGlobal(tikv_jemallocator::Jemalloc), n));
+                })
+            }),
         ],
     );
     t.group(&format!("{row} Vec<f64> push to {name}"), "ms", &series, 0);
@@ -158,6 +163,9 @@ pub fn block_cache_group(t: &mut Table) {
             ("mimalloc", &mut || {
                 temporaries(&|| first_touch(&ViaGlobal(mimalloc::MiMalloc), B, false))
             }),
+            ("jemalloc", &mut || {
+                temporaries(&|| first_touch(&ViaGlobal(tikv_jemallocator::Jemalloc), B, false))
+            }),
         ],
     );
     t.group(
@@ -199,6 +207,9 @@ pub fn block_cache_group(t: &mut Table) {
                 }),
                 ("Vec<f64, mimalloc>", &mut || {
                     twice(&|| vec_growth(ViaGlobal(mimalloc::MiMalloc), n))
+                }),
+                ("Vec<f64, jemalloc>", &mut || {
+                    twice(&|| vec_growth(ViaGlobal(tikv_jemallocator::Jemalloc), n))
                 }),
             ],
         );
@@ -276,6 +287,15 @@ pub fn huge_pages_group(t: &mut Table) {
                         black_box(first_touch(&ViaGlobal(mimalloc::MiMalloc), B, zeroed));
                     })
                 }),
+                ("jemalloc", &mut || {
+                    ms(|| {
+                        black_box(first_touch(
+                            &ViaGlobal(tikv_jemallocator::Jemalloc),
+                            B,
+                            zeroed,
+                        ));
+                    })
+                }),
             ],
         );
         let how = if zeroed {
@@ -326,6 +346,9 @@ pub fn huge_1gib_group(t: &mut Table) {
             (HP_OFF, &mut || with_hp_multi(false, || run(MklAllocator))),
             (HP_ON, &mut || with_hp_multi(true, || run(MklAllocator))),
             ("mimalloc", &mut || run(&ViaGlobal(mimalloc::MiMalloc))),
+            ("jemalloc", &mut || {
+                run(ViaGlobal(tikv_jemallocator::Jemalloc))
+            }),
         ],
     );
     let titles = [

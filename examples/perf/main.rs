@@ -21,26 +21,27 @@
 //! `perf -- <word>…` runs only the groups whose names contain one of the
 //! words (`--json PATH` may come anywhere). The groups, with their rows'
 //! numbers and times measured on the shared 2-core machine at a load
-//! average of 13 (2026-12-01):
+//! average of 13 (2026-12-01; jemalloc's rows and group 30 at 6-10):
 //!
 //! | Group | Rows | What | Time |
 //! |---|---|---|---|
-//! | alloc+free | 1 | alloc+free 16 B .. 1 MiB, align 64: MklAllocator, MklSplitAllocator, System, mimalloc against raw MKL_malloc/MKL_free | 5 s |
-//! | small objects | 1b | alloc+free 16 B .. 4 KiB, align 8 (the split allocator's case) | 2 s |
-//! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 20 s |
+//! | alloc+free | 1 | alloc+free 16 B .. 1 MiB, align 64: MklAllocator, MklSplitAllocator, System, mimalloc, jemalloc against raw MKL_malloc/MKL_free | 4-5 s |
+//! | small objects | 1b | alloc+free 16 B .. 4 KiB, align 8 (the split allocator's case) | 1-2 s |
+//! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 14-20 s |
 //! | hashbrown | 3 | 10^6 inserts | 5 s |
 //! | views | 4 | SharedMklVec views against Arc, RwLock, AtomicRefCell (1 and 2 threads); try_push | 6 s |
-//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, MklSplitAllocator with MKL defaults and with everything off, MklAllocator | 1.5-4 min |
-//! | huge pages | 6 | issue 10: Vec push 10^7 and first touch of 64 MiB, huge pages off / on via the API | 30 s |
-//! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 2 min |
-//! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 55 s |
+//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, jemalloc, MklSplitAllocator with MKL defaults and with everything off, MklAllocator | 1.5-4 min |
+//! | huge pages | 6 | issue 10: Vec push 10^7 and first touch of 64 MiB, huge pages off / on via the API | 26-30 s |
+//! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 1.5-2 min |
+//! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 50-55 s |
 //! | huge stall | 8 | 256 MiB alloc+touch in fresh processes, three machine states | 30 s |
-//! | block cache | 9 | issue 15: the cache switched via the API in this process | 2 min |
-//! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc | 45 s |
-//! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 2-4 min |
+//! | block cache | 9 | issue 15: the cache switched via the API in this process | 2-3 min |
+//! | config small blocks | 21 | alloc+free 16 B .. 1 MiB, align 64, in fresh processes: MklAllocator with MKL defaults and with everything off, raw MKL, System, mimalloc, jemalloc | 25-45 s |
+//! | config big buffers | 21 | 8 x 64 MiB temporaries; Vec push to 10^7 (the second push of a process, and the first); `vec![0.0f64; 1 << 26]` untouched (time, resident growth), zeroed then filled, 1% of pages written (time, resident growth) | 1-4 min |
 //! | config push 10^8 | 21 | Vec push to 10^8, the second push of a process (and the first) | 1.5-2.5 min |
 //! | fork guard | 10 | issue 27: alloc+free 16 B and 1 MiB, MklAllocator (with its fork marker) against raw MKL and the candidate markers (SeqCst fence, atomic counter) | 3 s |
 //! | fork cost | 10b | issue 27: fork() in the parent, idle and while threads allocate and read stats() | 1-60 s |
+//! | config backing off | 30 | MKL's memory pointers set (MKL defaults, everything off) against unset (`MKL_ALLOC_BACKING=off`), fresh processes: raw MKL_malloc/MKL_free 16 B and 1 MiB; `LAPACKE_dgesvd` 1000 x 1000 and a DFTI FFT of 2^22 complex doubles, repeated and first call | 2 min |
 //!
 //! Configurations (issue 21). The `config` groups and the workload group
 //! run every measurement in a fresh child process: perf re-runs itself as
@@ -49,9 +50,11 @@
 //! `MKL_ALLOC_*` variable at all (removed from the child's environment, so
 //! the library's defaults of the checkout apply, whatever perf itself was
 //! started with); "MKL everything off": `MKL_ALLOC_BLOCK_CACHE=off
-//! MKL_ALLOC_HUGE_PAGES=off`. System and mimalloc run in children too. The
-//! JSON's `configurations` records the block-cache budget and huge-page
-//! threshold each configuration's child saw. Groups 1-4 run in perf's own
+//! MKL_ALLOC_HUGE_PAGES=off`; "MKL_ALLOC_BACKING=off" (group 30): MKL's
+//! memory pointers left alone. System, mimalloc and jemalloc run in
+//! children too. The JSON's `configurations` records the block-cache
+//! budget, the huge-page threshold and the backing's state each
+//! configuration's child saw. Groups 1-4 run in perf's own
 //! process, under its environment; groups 6, 7 and 9 set both policies
 //! through the API for each competitor and restore them after it.
 //!
@@ -102,7 +105,7 @@ use report::{Machine, Table};
 type Group = fn(&mut Table);
 
 /// Every group, in the order they run.
-const GROUPS: [(&str, Group); 16] = [
+const GROUPS: [(&str, Group); 17] = [
     ("alloc+free", classic::alloc_free_group),
     ("small objects", classic::small_objects_group),
     ("Vec growth", classic::growth_group),
@@ -119,6 +122,7 @@ const GROUPS: [(&str, Group); 16] = [
     ("config push 10^8", configs::push_1e8_group),
     ("fork guard", fork_guard::fork_guard_group),
     ("fork cost", fork_guard::fork_cost_group),
+    ("config backing off", configs::backing_group),
 ];
 
 /// `target/perf/results.json` in the `target/` this binary was built in

@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::harness::{Env, Series, apply_env, field, order, parse_fields};
 use crate::report::Table;
 
-const WORKLOADS: [&str; 4] = ["system", "mimalloc", "mkl", "split"];
+const WORKLOADS: [&str; 5] = ["system", "mimalloc", "mkl", "split", "jemalloc"];
 
 /// The workload binaries next to this executable; built with the cargo that
 /// ran us if they are missing.
@@ -82,7 +82,7 @@ fn run_workload(bin: &Path, env: Env, entries: usize) -> (f64, f64, f64) {
     )
 }
 
-/// The whole program under each global allocator: System, mimalloc,
+/// The whole program under each global allocator: System, mimalloc, jemalloc,
 /// MklSplitAllocator with the library's defaults and with everything off
 /// (issue 21's configurations), and MklAllocator with the defaults.
 pub fn workload_group(t: &mut Table) {
@@ -101,16 +101,17 @@ pub fn workload_group(t: &mut Table) {
         (SPLIT_DEFAULTS, 3, Env::Defaults),
         (SPLIT_OFF, 3, Env::AllOff),
         ("MklAllocator, MKL defaults", 2, Env::Defaults),
+        ("jemalloc", 4, Env::Defaults),
     ];
     let new = || -> Vec<Series> { who.iter().map(|w| Series::new(w.0)).collect() };
     let (mut times, mut walls, mut rss) = (new(), new(), new());
     // No warm-up round: each run is a fresh process (the binaries are in
     // the page cache after the first). The three the targets compare run
-    // in every round; mimalloc and pure MKL in the first OTHER_ROUNDS
+    // in every round; mimalloc, jemalloc and pure MKL in the first OTHER_ROUNDS
     // only, to stay under a minute.
     for r in 0..ROUNDS {
         let these: &[usize] = if r < OTHER_ROUNDS {
-            &[0, 1, 2, 3, 4]
+            &[0, 1, 2, 3, 4, 5]
         } else {
             &[0, 2, 3]
         };
