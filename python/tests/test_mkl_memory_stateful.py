@@ -115,30 +115,33 @@ class MKLMemoryMachine(RuleBasedStateMachine):
 
     # --- realloc ----------------------------------------------------------
 
+    # Every realloc here passes refcheck=False: this machine checks the
+    # export protocol, and what references the interpreter's frames hold
+    # depends on its version (on CPython 3.10 a caller's argument stays on
+    # its stack during the call: one reference more than on 3.11+, which
+    # the reference rule refuses). test_seed_compat.py checks that rule.
     @rule(n=SIZES)
     def realloc(self, n):
         live = len(self.exports)
         before = (self.m._pointer, self.m.tobytes())
         if live:
             with pytest.raises(BufferError, match=rf"refused while {live} export\(s\)"):
-                self.m.realloc(n)
+                self.m.realloc(n, refcheck=False)
             assert (self.m._pointer, self.m.tobytes()) == before
         else:
-            self.m.realloc(n)
+            self.m.realloc(n, refcheck=False)
             old = len(self.model)
             self.model = self.model[:n] + bytearray(max(0, n - old))
 
     @rule()
     def realloc_to_zero_is_refused(self):
         with pytest.raises(ValueError):
-            self.m.realloc(0)
+            self.m.realloc(0, refcheck=False)
 
     # --- copies -----------------------------------------------------------
 
     @rule(protocol=st.integers(2, 5))
     def pickle_round_trip(self, protocol):
-        # Passed on, not kept in a local: check_copy reallocs it, and
-        # realloc's reference check refuses an object another frame holds.
         self.check_copy(pickle.loads(pickle.dumps(self.m, protocol=protocol)))
 
     @rule(deep=st.booleans())
@@ -162,7 +165,7 @@ class MKLMemoryMachine(RuleBasedStateMachine):
         # Independent of the original: write all of it, then drop it.
         with memoryview(back) as view:
             view[:] = bytes(len(back))
-        back.realloc(len(back) + 1)
+        back.realloc(len(back) + 1, refcheck=False)
 
     # --- invariants -------------------------------------------------------
 
@@ -185,7 +188,7 @@ class MKLMemoryMachine(RuleBasedStateMachine):
         gc.collect()
         if self.m is not None:
             assert self.m.exports == 0
-            self.m.realloc(1)  # every export gave its count back
+            self.m.realloc(1, refcheck=False)  # every export gave its count back
 
 
 MKLMemoryMachine.TestCase.settings = settings(
