@@ -38,7 +38,8 @@
 //! Where THP is `never`, or the kernel refuses the advice, nothing fails: the
 //! advice is ignored and [`status`] says so. (Under `never` the kernel still
 //! accepts `MADV_HUGEPAGE` and [`advised_bytes`] counts it; without THP in the
-//! kernel the advice fails and is not counted.)
+//! kernel the advice fails and is not counted.) Under Miri, which has no
+//! `madvise`, the advice always fails, as without THP.
 //!
 //! ```
 //! use allocator_api2::vec::Vec;
@@ -55,7 +56,9 @@
 //! # drop(v);
 //! ```
 
-use core::ffi::{CStr, c_void};
+use core::ffi::CStr;
+#[cfg(not(miri))]
+use core::ffi::c_void;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::env::SizePolicy;
@@ -249,6 +252,7 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
     // SAFETY: [start, end) lies inside the caller's block (start ≥ addr,
     // end ≤ addr + size) and is page-aligned; MADV_HUGEPAGE changes neither
     // contents nor protection.
+    #[cfg(not(miri))]
     let rc = unsafe {
         libc::madvise(
             ptr.wrapping_add(start - addr).cast::<c_void>(),
@@ -256,6 +260,9 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
             libc::MADV_HUGEPAGE,
         )
     };
+    // Miri has no `madvise`: the advice fails, as in a kernel without THP.
+    #[cfg(miri)]
+    let rc = -1;
     if rc == 0 {
         ADVISED.fetch_add((end - start) as u64, Relaxed);
     }
@@ -272,7 +279,14 @@ pub(crate) unsafe fn advise(ptr: *mut u8, size: usize) {
 pub(crate) unsafe fn advise_chunk(ptr: *mut u8, size: usize) {
     // SAFETY: the caller's contract; MADV_HUGEPAGE changes neither contents
     // nor protection.
+    #[cfg(not(miri))]
     let rc = unsafe { libc::madvise(ptr.cast::<c_void>(), size, libc::MADV_HUGEPAGE) };
+    // Miri has no `madvise` (see `advise`).
+    #[cfg(miri)]
+    let rc = {
+        let _ = (ptr, size);
+        -1
+    };
     if rc == 0 {
         ADVISED.fetch_add((size & !(HUGE_PAGE_SIZE - 1)) as u64, Relaxed);
     }

@@ -34,6 +34,11 @@
 //! without this crate, and the block cache and huge pages do not apply.
 //! `MKL_ALLOC_BACKING=off` leaves the pointers alone.
 //!
+//! **Under Miri** the emulated MKL (src/ffi/miri.rs) takes its large
+//! blocks through the same four pointers, as MKL does, so the hooks, the
+//! registry and the cache run there too, on chunks of the emulated
+//! machine's memory that are never resized in place (`map`).
+//!
 //! **Rules for code in here.** The hooks run inside MKL's calls, under
 //! MKL's locks: they never allocate through the global allocator (which
 //! may be this crate), never call MKL, and hold a block-cache shard lock
@@ -53,12 +58,11 @@ pub(crate) mod zeroing;
 use core::cell::Cell;
 use core::ffi::c_void;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::Relaxed};
 
 pub(crate) use budget::default_budget;
 pub(crate) use map::PAGE;
 
-#[cfg(not(miri))]
 use crate::ffi;
 
 /// Requests of at least this many bytes (as MKL passes them to `i_malloc`:
@@ -78,8 +82,7 @@ pub enum Backing {
     /// MKL had been called before the setup set its pointers: it keeps the
     /// C runtime's functions, and none of the crate's policies apply.
     MklRanFirst,
-    /// `MKL_ALLOC_BACKING=off` (or a build without MKL's pointers, such as
-    /// Miri's emulation): MKL runs on the C runtime's memory.
+    /// `MKL_ALLOC_BACKING=off`: MKL runs on the C runtime's memory.
     Off,
 }
 
@@ -111,11 +114,13 @@ pub fn state() -> Backing {
 }
 
 /// The previous functions, as the setup found them (the C runtime's by
-/// default); 0 until then.
-static PREV_MALLOC: AtomicUsize = AtomicUsize::new(0);
-static PREV_CALLOC: AtomicUsize = AtomicUsize::new(0);
-static PREV_REALLOC: AtomicUsize = AtomicUsize::new(0);
-static PREV_FREE: AtomicUsize = AtomicUsize::new(0);
+/// default); null until then. Kept as pointers, not addresses, so that
+/// the function pointers made from them keep their provenance (Miri, with
+/// strict provenance, calls nothing made from an integer).
+static PREV_MALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+static PREV_CALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+static PREV_REALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+static PREV_FREE: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 /// Whether the previous functions are the C library's own (then
 /// `malloc_usable_size` knows their blocks).
 static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
@@ -161,47 +166,42 @@ pub(crate) fn install() {
     if STATE.load(Relaxed) != 0 {
         return;
     }
-    #[cfg(not(miri))]
-    {
-        const WARNING: &[u8] =
-            b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
-        if crate::env::read(c"MKL_ALLOC_BACKING", 1, WARNING).is_none() {
-            STATE.store(3, Relaxed);
+    const WARNING: &[u8] =
+        b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
+    if crate::env::read(c"MKL_ALLOC_BACKING", 1, WARNING).is_none() {
+        STATE.store(3, Relaxed);
+        return;
+    }
+    // SAFETY: MKL's pointers are plain data that MKL reads at its first
+    // call; racing setups both write the same values (the previous ones
+    // are read first, and a hook is never its own previous function:
+    // the check below). Each previous value is the C runtime's function
+    // or one that other code installed, with the same contract.
+    unsafe {
+        let m = ffi::i_malloc.unwrap_or(libc::malloc);
+        if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
             return;
         }
-        // SAFETY: MKL's pointers are plain data that MKL reads at its first
-        // call; racing setups both write the same values (the previous ones
-        // are read first, and a hook is never its own previous function:
-        // the check below). Each previous value is the C runtime's function
-        // or one that other code installed, with the same contract.
-        unsafe {
-            let m = ffi::i_malloc.unwrap_or(libc::malloc);
-            if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
-                return;
-            }
-            PREV_MALLOC.store(m as usize, Relaxed);
-            PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as usize, Relaxed);
-            PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as usize, Relaxed);
-            PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as usize, Relaxed);
-            PREV_IS_LIBC.store(
-                ffi::i_realloc
-                    .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
-                    && ffi::i_free
-                        .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
-                Relaxed,
-            );
-            ffi::i_malloc = Some(hook_malloc);
-            ffi::i_calloc = Some(hook_calloc);
-            ffi::i_realloc = Some(hook_realloc);
-            ffi::i_free = Some(hook_free);
-        }
-        // Whether MKL takes them shows at the first large allocation (see
-        // `note_unserved`): a probe here would be an MKL allocation, after
-        // which MKL refuses `MKL_Disable_Fast_MM`.
-        STATE.store(1, Relaxed);
+        PREV_MALLOC.store(m as *mut (), Relaxed);
+        PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as *mut (), Relaxed);
+        PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as *mut (), Relaxed);
+        PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as *mut (), Relaxed);
+        PREV_IS_LIBC.store(
+            ffi::i_realloc
+                .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
+                && ffi::i_free
+                    .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
+            Relaxed,
+        );
+        ffi::i_malloc = Some(hook_malloc);
+        ffi::i_calloc = Some(hook_calloc);
+        ffi::i_realloc = Some(hook_realloc);
+        ffi::i_free = Some(hook_free);
     }
-    #[cfg(miri)]
-    STATE.store(3, Relaxed);
+    // Whether MKL takes them shows at the first large allocation (see
+    // `note_unserved`): a probe here would be an MKL allocation, after
+    // which MKL refuses `MKL_Disable_Fast_MM`.
+    STATE.store(1, Relaxed);
 }
 
 // The previous functions. Each is called only after `install` stored it
@@ -210,22 +210,24 @@ pub(crate) fn install() {
 #[inline(always)]
 unsafe fn prev_malloc(n: usize) -> *mut c_void {
     // SAFETY: an `i_malloc`-compatible function stored by `install`.
-    unsafe { core::mem::transmute::<usize, crate::ffi::IMalloc>(PREV_MALLOC.load(Relaxed))(n) }
+    unsafe { core::mem::transmute::<*mut (), crate::ffi::IMalloc>(PREV_MALLOC.load(Relaxed))(n) }
 }
 #[inline(always)]
 unsafe fn prev_calloc(a: usize, b: usize) -> *mut c_void {
     // SAFETY: as in prev_malloc.
-    unsafe { core::mem::transmute::<usize, crate::ffi::ICalloc>(PREV_CALLOC.load(Relaxed))(a, b) }
+    unsafe { core::mem::transmute::<*mut (), crate::ffi::ICalloc>(PREV_CALLOC.load(Relaxed))(a, b) }
 }
 #[inline(always)]
 unsafe fn prev_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     // SAFETY: as in prev_malloc.
-    unsafe { core::mem::transmute::<usize, crate::ffi::IRealloc>(PREV_REALLOC.load(Relaxed))(p, n) }
+    unsafe {
+        core::mem::transmute::<*mut (), crate::ffi::IRealloc>(PREV_REALLOC.load(Relaxed))(p, n)
+    }
 }
 #[inline(always)]
 unsafe fn prev_free(p: *mut c_void) {
     // SAFETY: as in prev_malloc.
-    unsafe { core::mem::transmute::<usize, crate::ffi::IFree>(PREV_FREE.load(Relaxed))(p) }
+    unsafe { core::mem::transmute::<*mut (), crate::ffi::IFree>(PREV_FREE.load(Relaxed))(p) }
 }
 
 /// Runs `f`; if it fails (null) while the cache holds memory, empties the
