@@ -1179,7 +1179,7 @@ mod tests {
         unsafe {
             let p = MKL_malloc(MIN_CHUNK - 89, 64).cast::<u8>();
             assert!(crate::backing::last_chunk().is_none());
-            assert!(entry(p).exact());
+            assert!(!entry(p).large);
             MKL_free(p.cast());
         }
     }
@@ -1239,7 +1239,12 @@ mod tests {
             // result is freed once.
             unsafe {
                 let p = allocate(100, align, false, Mode::MisalignedRealloc);
-                assert_eq!((p.addr() % align, p.addr() % (2 * align)), (0, align));
+                assert_eq!(p.addr() % align, 0);
+                if !large(300, align) {
+                    // Placed exactly; a large block is where its memory
+                    // puts it.
+                    assert_eq!(p.addr() % (2 * align), align);
+                }
                 p.write_bytes(4, 100);
                 let q = reallocate(p, 300, Mode::MisalignedRealloc);
                 assert_eq!((q.addr() % 64, q.addr() % 128), (0, 64), "align {align}");
