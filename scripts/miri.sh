@@ -6,7 +6,10 @@
 #
 # Miri cannot call MKL: under cfg(miri) `ffi` is served by the emulation in
 # src/ffi/miri.rs (MKL's contract over std's System allocator) and the
-# build script links nothing.
+# build script links nothing. The emulation takes large blocks (1 MiB and
+# more with MKL's overhead) through MKL's memory pointers, as MKL does, so
+# the backing beneath MKL (its hooks, chunk registry and block cache) runs
+# under Miri too, on chunks that are never resized in place.
 #
 # Usage: scripts/miri.sh [--full] [stacked|tree ...]   (default: both models,
 # side by side, each in its own target folder; its output in
@@ -54,8 +57,9 @@
 #   24-byte header), which the emulation does not model (it counts the
 #   bytes asked for).
 # - fast_mm, huge_pages: child processes, /proc, madvise; likewise
-#   block_cache's environment-variable and huge-page tests (ignored under
-#   Miri).
+#   block_cache's environment-variable, cgroup, out-of-memory, idle and
+#   huge-page tests (ignored under Miri), and its decay through MKL's small
+#   frees (the emulation's small blocks never reach the hooks).
 # - manager's peak_stays_some...: re-runs its binary as a child process
 #   (`#[cfg_attr(miri, ignore)]`).
 # - split_global, stress, stress_threads_global, shared_vec_stress: block

@@ -223,6 +223,12 @@ fn decay_goes_on_through_small_frees_of_every_path() {
         ("MKL's small blocks", &|| free(block(100, 64, 0), 100, 64)),
     ];
     for (name, small_free) in paths {
+        if cfg!(miri) && name == "MKL's small blocks" {
+            // Miri's emulated MKL keeps its small blocks off MKL's memory
+            // pointers (exact System blocks, src/ffi/miri.rs): their frees
+            // never reach the hooks, which is where MKL's small frees tick.
+            continue;
+        }
         block_cache::enable(64 * MIB);
         block_cache::set_decay_ms(3_600_000);
         free(block(8 * MIB, 64, 1), 8 * MIB, 64);

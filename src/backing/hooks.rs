@@ -6,18 +6,19 @@
 use core::cell::Cell;
 use core::ffi::c_void;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
 use super::{LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, zeroing};
-#[cfg(not(miri))]
 use crate::ffi;
 
 /// The previous functions, as the setup found them (the C runtime's by
-/// default); 0 until then.
-static PREV_MALLOC: AtomicUsize = AtomicUsize::new(0);
-static PREV_CALLOC: AtomicUsize = AtomicUsize::new(0);
-static PREV_REALLOC: AtomicUsize = AtomicUsize::new(0);
-static PREV_FREE: AtomicUsize = AtomicUsize::new(0);
+/// default); null until then. Kept as pointers, not addresses, so that
+/// the function pointers made from them keep their provenance (Miri, with
+/// strict provenance, calls nothing made from an integer).
+static PREV_MALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+static PREV_CALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+static PREV_REALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
+static PREV_FREE: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 /// Whether the previous functions are the C library's own (then
 /// `malloc_usable_size` knows their blocks).
 static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
@@ -31,7 +32,6 @@ pub(super) fn install() {
     if CLAIMED.swap(true, Relaxed) {
         return;
     }
-    #[cfg(not(miri))]
     {
         const WARNING: &[u8] =
             b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
@@ -46,7 +46,7 @@ pub(super) fn install() {
         // its own, untouched copies (measured: no chunk served). Promoting
         // the already-loaded libmkl_rt to the global scope, before any MKL
         // call, makes the core bind the ones set below.
-        #[cfg(all(feature = "mkl-rt", target_os = "linux"))]
+        #[cfg(all(feature = "mkl-rt", target_os = "linux", not(miri)))]
         // SAFETY: RTLD_NOLOAD loads nothing: it returns the library if it
         // is loaded (it is, the crate links it) and only widens its scope;
         // the handle is kept for the process's life.
@@ -67,10 +67,10 @@ pub(super) fn install() {
             if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
                 return;
             }
-            PREV_MALLOC.store(m as usize, Relaxed);
-            PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as usize, Relaxed);
-            PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as usize, Relaxed);
-            PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as usize, Relaxed);
+            PREV_MALLOC.store(m as *mut (), Relaxed);
+            PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as *mut (), Relaxed);
+            PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as *mut (), Relaxed);
+            PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as *mut (), Relaxed);
             PREV_IS_LIBC.store(
                 ffi::i_realloc
                     .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
@@ -88,8 +88,6 @@ pub(super) fn install() {
         // which MKL refuses `MKL_Disable_Fast_MM`.
         STATE.store(1, Relaxed);
     }
-    #[cfg(miri)]
-    STATE.store(3, Relaxed);
 }
 
 // The previous functions. Each is called only after `install` stored it
@@ -98,22 +96,24 @@ pub(super) fn install() {
 #[inline(always)]
 unsafe fn prev_malloc(n: usize) -> *mut c_void {
     // SAFETY: an `i_malloc`-compatible function stored by `install`.
-    unsafe { core::mem::transmute::<usize, crate::ffi::IMalloc>(PREV_MALLOC.load(Relaxed))(n) }
+    unsafe { core::mem::transmute::<*mut (), crate::ffi::IMalloc>(PREV_MALLOC.load(Relaxed))(n) }
 }
 #[inline(always)]
 unsafe fn prev_calloc(a: usize, b: usize) -> *mut c_void {
     // SAFETY: as in prev_malloc.
-    unsafe { core::mem::transmute::<usize, crate::ffi::ICalloc>(PREV_CALLOC.load(Relaxed))(a, b) }
+    unsafe { core::mem::transmute::<*mut (), crate::ffi::ICalloc>(PREV_CALLOC.load(Relaxed))(a, b) }
 }
 #[inline(always)]
 unsafe fn prev_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     // SAFETY: as in prev_malloc.
-    unsafe { core::mem::transmute::<usize, crate::ffi::IRealloc>(PREV_REALLOC.load(Relaxed))(p, n) }
+    unsafe {
+        core::mem::transmute::<*mut (), crate::ffi::IRealloc>(PREV_REALLOC.load(Relaxed))(p, n)
+    }
 }
 #[inline(always)]
 unsafe fn prev_free(p: *mut c_void) {
     // SAFETY: as in prev_malloc.
-    unsafe { core::mem::transmute::<usize, crate::ffi::IFree>(PREV_FREE.load(Relaxed))(p) }
+    unsafe { core::mem::transmute::<*mut (), crate::ffi::IFree>(PREV_FREE.load(Relaxed))(p) }
 }
 
 /// Runs `f`; if it fails (null) while the cache holds memory, empties the

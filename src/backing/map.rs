@@ -5,7 +5,15 @@
 //! A fresh mapping reads as zero: the caller is told, so that a zeroed
 //! allocation served by one writes nothing (glibc's `calloc` of a fresh
 //! `mmap` chunk does the same).
+//!
+//! Under Miri, which has no `mremap` or `madvise` and maps no pages, a
+//! chunk is one zeroed allocation of the emulated machine's memory
+//! (`ffi::kernel_map`, src/ffi/miri.rs) at [`CHUNK_ALIGN`]: nothing is
+//! resized in place or moved (the callers then copy), and `lazy_free` keeps
+//! the contents. A chunk thus never changes size under Miri, and `unmap`
+//! frees it with the layout it was made with.
 
+#[cfg(not(miri))]
 use core::ffi::c_void;
 use core::ptr;
 
@@ -22,6 +30,7 @@ pub(crate) fn round(size: usize) -> Option<usize> {
 
 /// A fresh chunk of `size` bytes (a multiple of [`PAGE`]) on a
 /// [`CHUNK_ALIGN`] boundary, or null. Its pages read as zero.
+#[cfg(not(miri))]
 pub(crate) fn map(size: usize) -> *mut u8 {
     let Some(span) = size.checked_add(CHUNK_ALIGN - PAGE) else {
         return ptr::null_mut();
@@ -47,6 +56,7 @@ pub(crate) fn map(size: usize) -> *mut u8 {
     start as *mut u8
 }
 
+#[cfg(not(miri))]
 fn raw_map(len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping at an address of the kernel's
     // choice touches no existing memory.
@@ -71,6 +81,7 @@ fn raw_map(len: usize) -> *mut u8 {
 ///
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's that nothing uses any more.
+#[cfg(not(miri))]
 pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
     // SAFETY: the caller's contract: the whole range is ours and unused.
     unsafe { libc::munmap(p.cast(), size) };
@@ -82,6 +93,7 @@ pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
 ///
 /// # Safety
 /// `[p, p + old)` is a live chunk of the crate's.
+#[cfg(not(miri))]
 pub(crate) unsafe fn resize_in_place(p: *mut u8, old: usize, new: usize) -> bool {
     // SAFETY: without MREMAP_MAYMOVE the mapping keeps its address; a
     // shrink unmaps only the chunk's own tail, a growth takes only free
@@ -98,6 +110,7 @@ pub(crate) unsafe fn resize_in_place(p: *mut u8, old: usize, new: usize) -> bool
 /// # Safety
 /// `[p, p + old)` is a live chunk; `[target, target + new)` is memory of
 /// the crate's that nothing uses (a fresh mapping or a cached chunk).
+#[cfg(not(miri))]
 pub(crate) unsafe fn move_onto(p: *mut u8, old: usize, new: usize, target: *mut u8) -> *mut u8 {
     // SAFETY: the caller's contract: both ranges are the crate's, unused
     // but by this call.
@@ -123,8 +136,44 @@ pub(crate) unsafe fn move_onto(p: *mut u8, old: usize, new: usize, target: *mut 
 ///
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's whose contents nobody needs.
+#[cfg(not(miri))]
 pub(crate) unsafe fn lazy_free(p: *mut u8, size: usize) {
     // SAFETY: the caller's contract; MADV_FREE changes only what an
     // unused range may read back.
     unsafe { libc::madvise(p.cast(), size, libc::MADV_FREE) };
 }
+
+// Under Miri (see the module docs): the emulated machine's memory, and no
+// resizing. `resize_in_place` never succeeds, so a registered chunk's size
+// is always the size it was allocated with, which `unmap` needs.
+
+#[cfg(miri)]
+fn layout(size: usize) -> Option<std::alloc::Layout> {
+    std::alloc::Layout::from_size_align(size, CHUNK_ALIGN).ok()
+}
+
+#[cfg(miri)]
+pub(crate) fn map(size: usize) -> *mut u8 {
+    layout(size).map_or(ptr::null_mut(), crate::ffi::kernel_map)
+}
+
+#[cfg(miri)]
+pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
+    let layout = layout(size).expect("the layout `map` made");
+    // SAFETY: the caller's contract: `p` is a chunk `map` made with this
+    // layout (chunks never change size under Miri), unused from now on.
+    unsafe { crate::ffi::kernel_unmap(p, layout) };
+}
+
+#[cfg(miri)]
+pub(crate) unsafe fn resize_in_place(_p: *mut u8, _old: usize, _new: usize) -> bool {
+    false
+}
+
+#[cfg(miri)]
+pub(crate) unsafe fn move_onto(_p: *mut u8, _old: usize, _new: usize, _target: *mut u8) -> *mut u8 {
+    ptr::null_mut()
+}
+
+#[cfg(miri)]
+pub(crate) unsafe fn lazy_free(_p: *mut u8, _size: usize) {}

@@ -34,6 +34,11 @@
 //! without this crate, and the block cache and huge pages do not apply.
 //! `MKL_ALLOC_BACKING=off` leaves the pointers alone.
 //!
+//! **Under Miri** the emulated MKL (src/ffi/miri.rs) takes its large
+//! blocks through the same four pointers, as MKL does, so the hooks, the
+//! registry and the cache run there too, on chunks of the emulated
+//! machine's memory that are never resized in place (`map`).
+//!
 //! **Rules for code in here.** The hooks run inside MKL's calls, under
 //! MKL's locks: they never allocate through the global allocator (which
 //! may be this crate), never call MKL, and hold a block-cache shard lock
@@ -81,8 +86,8 @@ pub enum Backing {
     /// MKL had been called before the setup set its pointers: it keeps the
     /// C runtime's functions, and none of the crate's policies apply.
     MklRanFirst,
-    /// `MKL_ALLOC_BACKING=off` (or a build without MKL's pointers, such as
-    /// Miri's emulation): MKL runs on the C runtime's memory.
+    /// `MKL_ALLOC_BACKING=off`, or a platform without chunks yet
+    /// (Windows): MKL runs on the C runtime's memory.
     Off,
 }
 

@@ -15,15 +15,16 @@
 //!   in MKL, which does not check it.
 //! - `MKL_realloc(ptr, size)`: keeps the block's alignment (but in
 //!   `misaligned-realloc` mode, below) and its first `min(old, new)` bytes.
-//!   It always moves the block but in `in-place` mode (the real one moves
-//!   every growth beyond the block MKL holds; always moving is the strict
-//!   case for Miri: every stale pointer is caught). On failure null, the
+//!   It always moves a small block but in `in-place` mode (the real one
+//!   moves every growth beyond the block MKL holds; always moving is the
+//!   strict case for Miri: every stale pointer is caught), and resizes a
+//!   large one through `i_realloc` (below). On failure null, the
 //!   old block intact. A null `ptr` is `MKL_malloc(size, 64)`; size 0 frees
 //!   the block and returns null, as the C `realloc` MKL forwards to does.
 //! - `MKL_free`: frees; null is a no-op.
 //! - `MKL_Mem_Stat`: bytes and number of live blocks. A block counts the
 //!   bytes held for it when it was allocated or last moved: its size, and
-//!   in `in-place` mode the room behind it too (MKL counts what it holds,
+//!   for a small block in `in-place` mode the room behind it too (MKL counts what it holds,
 //!   size, alignment and header, and keeps counting a block resized in
 //!   place at that: its in-place growth stays within it).
 //! - `MKL_Peak_Mem_Usage`: MKL's relative peak (growth since enabling, `-1`
@@ -34,23 +35,49 @@
 //! - `MKL_Set_Memory_Limit`: 0 (accepted, no effect) for `MKL_MEM_MCDRAM`,
 //!   -1 for any other memory type.
 //!
-//! Failure: the emulated machine gives MKL [`MEMORY`] bytes in all (Miri
-//! stops the program, rather than returning null, when its host cannot
-//! allocate, so requests beyond a fixed budget fail here first, as MKL's
-//! would on a machine that size).
+//! Failure: the emulated machine has [`MEMORY`] bytes in all, for MKL's
+//! small blocks, the C runtime's stand-ins and the kernel's chunks (`kernel_map`,
+//! which `backing::map` takes under Miri); Miri stops the program, rather
+//! than returning null, when its host cannot allocate, so requests beyond
+//! a fixed budget fail here first, as MKL's would on a machine that size.
 //!
-//! **Exact blocks.** Each block is one `System` allocation of exactly `size`
-//! bytes aligned to `align`, whatever the alignment: Miri therefore reports
+//! **Large blocks, through MKL's pointers.** MKL takes its memory through
+//! four pointers, `i_malloc`, `i_calloc`, `i_realloc` and `i_free` (see
+//! `backing`), which the emulation defines (the statics below), defaulting
+//! to stand-ins for the C runtime's functions (`c_malloc` & co., over the
+//! emulated machine's memory: 16-aligned, a size header in front); the
+//! crate's setup points them at the backing's hooks, as in the real build.
+//! A block whose request with MKL's overhead, `size + align + 24` (`align`
+//! being the block's, at least 64, and 24 MKL's header), is at least
+//! [`MIN_CHUNK`](crate::backing::MIN_CHUNK) (1 MiB) is **large** and takes
+//! that path exactly as MKL does: `i_malloc(size + align + 24)`, the block
+//! at the first multiple of `align` at or after the memory's start + 24 (a
+//! chunk of the backing's is 2 MiB-aligned: the block is `align` bytes in,
+//! up to 1 MiB); `MKL_calloc` is `i_malloc` and then zeros written (MKL's
+//! never calls `i_calloc`); `MKL_realloc` is `i_realloc(memory, size +
+//! align + 24)`, the block at the same offset in the memory it returns
+//! (always aligned for a chunk; for other memory, such as the stand-ins',
+//! the contents move within it to the first aligned address, as the
+//! measured MKL keeps the alignment); `MKL_free` is `i_free(memory)`. The
+//! pointers are read at each call, so a block allocated before the setup
+//! is freed and resized through the hooks after it (they give it to the
+//! previous functions). A large block stays large whatever it is resized
+//! to; a small one growing past the floor moves into a large one. The
+//! pointer handed out covers the block's `size` bytes only (as in
+//! `in-place` below): under Stacked Borrows an access past the block, into
+//! the rest of its chunk, is reported.
+//!
+//! **Exact blocks.** Every small block is one `System` allocation of exactly `size`
+//! bytes aligned to `align`: Miri therefore reports
 //! any access outside the user's `size` bytes (one byte past the end, or
-//! before the start). `System` (Miri's allocator) takes alignments up to
-//! 2^29 (beyond that Miri stops with an internal error); for 2^30, MKL's
-//! largest, the emulation allocates at 2^29 until an address is a multiple
-//! of 2^30 (about every second one is), holding the misses until then so
-//! that they are not handed out again. After [`PLACEMENT_TRIES`] misses (not
-//! seen in practice: Miri places such allocations at consecutive multiples
-//! of 2^29) it falls back to one larger allocation with the block at its
-//! first fitting address, the bytes around it guarded only by the
-//! provenance rule of `in-place` below (under Stacked Borrows).
+//! before the start). Every block aligned to 2^20 or more is large, so a
+//! small block's alignment is at most 2^19, which `System` takes (it takes
+//! up to 2^29). `exact-align` (below) allocates until an address fits,
+//! holding the misses until then so that they are not handed out again;
+//! after [`PLACEMENT_TRIES`] misses (not seen in practice) it falls back to
+//! one larger allocation with the block at its first fitting address, the
+//! bytes around it guarded only by the provenance rule of `in-place` below
+//! (under Stacked Borrows).
 //!
 //! **Modes.** The environment variable `MKL_ALLOC_MIRI_MODE`, read once (with
 //! libc's `getenv`, which does not allocate: the emulation may be serving a
@@ -65,6 +92,17 @@
 //! | `in-place` | `size` bytes handed out, with room behind them (below) | in place whenever the room allows: every shrink, and growth up to the room; else moves |
 //! | `exact-align` | exact blocks at an address that is a multiple of the alignment and *not* of twice it | always moves, to an address aligned exactly to the block's alignment |
 //! | `misaligned-realloc` | as `exact-align` | always moves, to an address aligned exactly to 64 whatever the block's alignment |
+//!
+//! For large blocks the memory `i_malloc` returns places them, in every
+//! mode (in a chunk, up to 1 MiB, that is exactly the alignment, never
+//! twice it). Their resizes: in the default mode and `exact-align`, every
+//! `MKL_realloc` is an `i_realloc` (the strict case: the hooks' shrinks
+//! run too, which MKL itself, keeping a shrunk block whole, never asks
+//! for); in `in-place`, MKL's measured rule: a shrink, or a growth within
+//! what MKL asked `i_malloc` for, stays without a call, anything else is
+//! an `i_realloc`; in `misaligned-realloc`, an `i_realloc` after which a
+//! block aligned above 64 is moved, within its memory, to the first address
+//! aligned to exactly 64.
 //!
 //! `in-place` follows MKL (which keeps a shrunk block whole and grows it in
 //! place while the new size fits what it holds), so that the crate's
@@ -110,7 +148,8 @@
 //! behind in `in-place`, bytes in front after the rare fallback) through the
 //! allocation's own pointer, which Miri refuses while a `Box` of the block is
 //! being dropped: std's `Box` over this emulation (the emulation as
-//! `#[global_allocator]`) is for every mode but `in-place`.
+//! `#[global_allocator]`) is for every mode but `in-place`, and for small
+//! blocks (a large one is freed through `i_free` with its memory's pointer).
 //! Freeing or reallocating an address that is not a live block panics. Any
 //! size, alignment, order of frees and thread is served; the counters are
 //! atomics.
@@ -124,8 +163,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{
-    MKL_MEM_MCDRAM, MKL_PEAK_MEM, MKL_PEAK_MEM_DISABLE, MKL_PEAK_MEM_ENABLE, MKL_PEAK_MEM_RESET,
+    ICalloc, IFree, IMalloc, IRealloc, MKL_MEM_MCDRAM, MKL_PEAK_MEM, MKL_PEAK_MEM_DISABLE,
+    MKL_PEAK_MEM_ENABLE, MKL_PEAK_MEM_RESET,
 };
+use crate::backing::MIN_CHUNK;
 
 /// The memory the emulated MKL may hold at once: 16 GiB (blocks, the room
 /// behind them in `in-place` mode, and placements being retried). Larger
@@ -134,6 +175,13 @@ pub const MEMORY: usize = 16 << 30;
 
 /// MKL's default (and minimum) alignment.
 const DEFAULT_ALIGN: usize = 64;
+
+/// MKL's header in front of a block it places in memory from `i_malloc`.
+const HEADER: usize = 24;
+
+/// The header of the C runtime's stand-ins (their blocks' size), which
+/// also keeps their blocks 16-aligned, as glibc's are.
+const C_HEADER: usize = 16;
 
 /// The largest alignment `System` takes under Miri (rustc's largest
 /// alignment; Miri stops with an internal error beyond it).
@@ -301,9 +349,143 @@ unsafe fn system_free(via: *mut u8, layout: Layout) {
     RESERVED.fetch_sub(layout.size(), Ordering::Relaxed);
 }
 
+// MKL's memory pointers (see src/ffi.rs), which the emulation takes its
+// large blocks through, as MKL takes all of its: the C runtime's
+// functions by default, here the stand-ins below; the crate's setup points
+// them at the backing's hooks (`backing::install`). Read at each large
+// call, so that blocks from before the setup are freed and resized through
+// the hooks after it, as in a process where MKL ran first.
+
+/// MKL's `malloc`.
+#[allow(non_upper_case_globals)]
+pub static mut i_malloc: Option<IMalloc> = Some(c_malloc);
+/// MKL's `calloc` (MKL's `MKL_calloc` does not call it, nor does the
+/// emulation: it is here for the backing to chain to).
+#[allow(non_upper_case_globals)]
+pub static mut i_calloc: Option<ICalloc> = Some(c_calloc);
+/// MKL's `realloc`.
+#[allow(non_upper_case_globals)]
+pub static mut i_realloc: Option<IRealloc> = Some(c_realloc);
+/// MKL's `free`.
+#[allow(non_upper_case_globals)]
+pub static mut i_free: Option<IFree> = Some(c_free);
+
+/// The C runtime's `malloc` (or `calloc`: `zeroed`), in the emulated
+/// machine's memory: 16-aligned, uninitialised, the allocation's size in a
+/// header in front; null when the memory is exhausted.
+fn c_alloc(n: usize, zeroed: bool) -> *mut c_void {
+    let Some(layout) = n
+        .checked_add(C_HEADER)
+        .and_then(|total| Layout::from_size_align(total, C_HEADER).ok())
+    else {
+        return ptr::null_mut();
+    };
+    let Some(base) = system_alloc(layout, zeroed) else {
+        return ptr::null_mut();
+    };
+    // SAFETY: the allocation holds C_HEADER + n bytes, 16-aligned: the
+    // header is a usize at its start, the block follows.
+    unsafe {
+        base.cast::<usize>().write(layout.size());
+        base.add(C_HEADER).cast()
+    }
+}
+
+/// The layout of the stand-ins' allocation behind the block `p`, and its
+/// start.
+///
+/// # Safety
+/// `p` is a live block of [`c_alloc`] (its pointer, with the
+/// allocation's provenance).
+unsafe fn c_block(p: *mut c_void) -> (*mut u8, Layout) {
+    // SAFETY: the caller's contract: the header is C_HEADER bytes before
+    // `p`, in the same allocation, written by c_alloc.
+    unsafe {
+        let base = p.cast::<u8>().sub(C_HEADER);
+        let total = base.cast::<usize>().read();
+        (base, Layout::from_size_align_unchecked(total, C_HEADER))
+    }
+}
+
+/// `malloc`: the stand-in [`i_malloc`] points at by default.
+unsafe extern "C" fn c_malloc(n: usize) -> *mut c_void {
+    c_alloc(n, false)
+}
+
+/// `calloc`.
+unsafe extern "C" fn c_calloc(num: usize, size: usize) -> *mut c_void {
+    num.checked_mul(size)
+        .map_or(ptr::null_mut(), |n| c_alloc(n, true))
+}
+
+/// `free`.
+///
+/// # Safety
+/// `p` is null or a live block of the stand-ins, not used again.
+unsafe extern "C" fn c_free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract; the allocation is freed once.
+    unsafe {
+        let (base, layout) = c_block(p);
+        system_free(base, layout);
+    }
+}
+
+/// `realloc`: always moves (the strict case); null on failure, the block
+/// then intact; size 0 frees and returns null, as glibc's.
+///
+/// # Safety
+/// `p` is null or a live block of the stand-ins.
+unsafe extern "C" fn c_realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    if p.is_null() {
+        return c_alloc(n, false);
+    }
+    // SAFETY: the caller's contract.
+    let (_, old) = unsafe { c_block(p) };
+    if n == 0 {
+        // SAFETY: as in c_free.
+        unsafe { c_free(p) };
+        return ptr::null_mut();
+    }
+    let q = c_alloc(n, false);
+    if !q.is_null() {
+        // SAFETY: distinct live blocks of at least min(old, n) bytes; the
+        // old one is freed once, after the copy.
+        unsafe {
+            ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast(), (old.size() - C_HEADER).min(n));
+            c_free(p);
+        }
+    }
+    q
+}
+
+/// The kernel's memory for the crate's chunks under Miri (`backing::map`):
+/// one zeroed allocation of `layout` from the emulated machine's memory
+/// (the [`MEMORY`] budget), or null.
+pub(crate) fn kernel_map(layout: Layout) -> *mut u8 {
+    if layout.size() == 0 {
+        return ptr::null_mut();
+    }
+    system_alloc(layout, true).unwrap_or(ptr::null_mut())
+}
+
+/// Gives back what [`kernel_map`] returned.
+///
+/// # Safety
+/// `p` is a live allocation of `kernel_map` made with `layout` (its
+/// pointer), not used again.
+pub(crate) unsafe fn kernel_unmap(p: *mut u8, layout: Layout) {
+    // SAFETY: the caller's contract.
+    unsafe { system_free(p, layout) };
+}
+
 /// A live block: the allocation (its own pointer, with full provenance,
 /// and its layout), where in it the user's part starts, the user's size and
-/// alignment, and what MKL's statistics count for it.
+/// alignment, and what MKL's statistics count for it. A `large` block lives
+/// in memory from `i_malloc` instead: `base` is what `i_malloc` (or
+/// `i_realloc`) returned, `outer`'s size what was asked of it.
 #[derive(Clone, Copy, Debug)]
 struct Block {
     base: *mut u8,
@@ -312,6 +494,7 @@ struct Block {
     size: usize,
     align: usize,
     counted: usize,
+    large: bool,
 }
 
 impl Block {
@@ -332,7 +515,7 @@ impl Block {
 
     /// Whether the user's part is the whole allocation.
     fn exact(&self) -> bool {
-        self.pad == 0 && self.outer.size() == self.size
+        !self.large && self.pad == 0 && self.outer.size() == self.size
     }
 
     /// The pointer the caller gets: for an exact block the allocation's own;
@@ -391,6 +574,7 @@ fn place(size: usize, capacity: usize, align: usize, zeroed: bool, mode: Mode) -
         size,
         align,
         counted: capacity,
+        large: false,
     };
     if zeroed && !zero_all {
         // SAFETY: the user's `size` bytes, inside the allocation.
@@ -431,6 +615,11 @@ fn allocate(size: usize, align: usize, zeroed: bool, mode: Mode) -> *mut u8 {
     if size == 0 {
         return ptr::null_mut();
     }
+    match size.checked_add(align + HEADER) {
+        Some(total) if total >= MIN_CHUNK => return allocate_large(size, total, align, zeroed),
+        Some(_) => {}
+        None => return ptr::null_mut(),
+    }
     let capacity = match mode {
         Mode::InPlace => size.saturating_add(size.min(MAX_SLACK)),
         Mode::Default | Mode::ExactAlign | Mode::MisalignedRealloc => size,
@@ -440,6 +629,115 @@ fn allocate(size: usize, align: usize, zeroed: bool, mode: Mode) -> *mut u8 {
     };
     table().insert(block);
     ANY_BLOCK.store(true, Ordering::Relaxed);
+    account(block.counted, true);
+    block.hand_out()
+}
+
+/// A fresh block of `size` bytes aligned to `align` in memory from
+/// `i_malloc`, as MKL places it: `i_malloc(total)` (`total` being `size +
+/// align + HEADER`), the block at the first multiple of `align` at or after
+/// its header (for a chunk of the backing's, 2 MiB-aligned, `align` bytes
+/// in up to 1 MiB); `MKL_calloc` writes its zeros, as MKL's does. The mode
+/// does not place it: the memory `i_malloc` returns does.
+fn allocate_large(size: usize, total: usize, align: usize, zeroed: bool) -> *mut u8 {
+    let Ok(outer) = Layout::from_size_align(total, 1) else {
+        return ptr::null_mut();
+    };
+    // SAFETY: a copy of the pointer (see the statics: MKL's pointers are
+    // set by the crate's setup, before the setting thread calls MKL), a
+    // malloc-compatible function.
+    let base = unsafe { i_malloc.unwrap_or(c_malloc)(total) }.cast::<u8>();
+    if base.is_null() {
+        return base;
+    }
+    let pad = (base.addr() + HEADER).next_multiple_of(align) - base.addr();
+    let block = Block {
+        base,
+        outer,
+        pad,
+        size,
+        align,
+        counted: size,
+        large: true,
+    };
+    if zeroed {
+        // SAFETY: the user's `size` bytes, inside the `total` bytes from
+        // i_malloc (pad <= HEADER + align - 1, so pad + size < total).
+        unsafe { block.user().write_bytes(0, size) };
+    }
+    table().insert(block);
+    ANY_BLOCK.store(true, Ordering::Relaxed);
+    account(block.counted, true);
+    block.hand_out()
+}
+
+/// `MKL_realloc` of a large block, as MKL's: `i_realloc` of its memory for
+/// `size` and the same overhead; the block keeps its offset in the memory
+/// where that keeps its alignment (always for a chunk of the backing's up
+/// to 2 MiB), else its contents move within the memory to the first address
+/// that has it (as the measured MKL keeps every block's alignment); in
+/// `misaligned-realloc` to the first address aligned to exactly 64 (for a
+/// block aligned above 64; recorded so). Null on failure, the block intact.
+///
+/// # Safety
+/// `user` is the live large block `old`.
+unsafe fn reallocate_large(user: *mut u8, old: Block, size: usize, mode: Mode) -> *mut u8 {
+    let Some(outer) = size
+        .checked_add(old.align + HEADER)
+        .and_then(|total| Layout::from_size_align(total, 1).ok())
+    else {
+        return ptr::null_mut();
+    };
+    // SAFETY: a copy of the pointer (see allocate_large), called with the
+    // memory `i_malloc` or `i_realloc` gave the block: realloc's contract.
+    let base =
+        unsafe { i_realloc.unwrap_or(c_realloc)(old.base.cast(), outer.size()) }.cast::<u8>();
+    if base.is_null() {
+        return base;
+    }
+    let (align, exactly) = match mode {
+        Mode::MisalignedRealloc => (DEFAULT_ALIGN, old.align > DEFAULT_ALIGN),
+        _ => (old.align, false),
+    };
+    let fits_at = |pad: usize| {
+        let a = base.addr() + pad;
+        a % align == 0 && !(exactly && a % (2 * align) == 0)
+    };
+    let pad = if fits_at(old.pad) {
+        old.pad
+    } else {
+        let first = (base.addr() + HEADER).next_multiple_of(align);
+        let first = if fits_at(first - base.addr()) {
+            first
+        } else {
+            first + align
+        };
+        first - base.addr()
+    };
+    let kept = old.size.min(size);
+    debug_assert!(pad + size <= outer.size() && old.pad + kept <= outer.size());
+    if pad != old.pad {
+        // SAFETY: both ranges lie in the `outer.size()` bytes from
+        // i_realloc (pad <= align + HEADER - 1, or below 2 * 64 + HEADER for
+        // an `exactly` block aligned to 128 or more), which kept the old
+        // memory's contents up to old.pad + kept.
+        unsafe { ptr::copy(base.add(old.pad), base.add(pad), kept) };
+    }
+    let block = Block {
+        base,
+        outer,
+        pad,
+        size,
+        align,
+        counted: size,
+        large: true,
+    };
+    {
+        let mut table = table();
+        table.remove(user.addr());
+        table.insert(block);
+    }
+    account(old.counted, false);
     account(block.counted, true);
     block.hand_out()
 }
@@ -480,11 +778,16 @@ unsafe fn reallocate(user: *mut u8, size: usize, mode: Mode) -> *mut u8 {
             return p;
         }
     }
+    let block = live_block(user);
+    if block.large {
+        // SAFETY: the live large block at `user`.
+        return unsafe { reallocate_large(user, block, size, mode) };
+    }
     // A moved block keeps its alignment; in `misaligned-realloc` it gets
     // MKL's default only (and is recorded so).
     let align = match mode {
         Mode::MisalignedRealloc => DEFAULT_ALIGN,
-        _ => live_block(user).align,
+        _ => block.align,
     };
     let new = allocate(size, align, false, mode);
     if !new.is_null() {
@@ -644,6 +947,13 @@ fn not_a_block(user: *mut u8) -> ! {
 /// `block` was live until the caller removed it; `via` points at its user
 /// part; not used again.
 unsafe fn release(block: Block, via: *mut u8) {
+    if block.large {
+        // SAFETY: a copy of the pointer (see allocate_large), given the
+        // memory from i_malloc or i_realloc, freed once.
+        unsafe { i_free.unwrap_or(c_free)(block.base.cast()) };
+        account(block.counted, false);
+        return;
+    }
     let start = if block.exact() { via } else { block.base };
     // SAFETY: the allocation's start, and the layout it was made with.
     unsafe { system_free(start, block.outer) };
@@ -790,21 +1100,37 @@ mod tests {
         table().get(p.addr()).expect("a live block")
     }
 
+    /// Whether MKL takes a block of `size` bytes at `align` from `i_malloc`.
+    fn large(size: usize, align: usize) -> bool {
+        size + align + HEADER >= MIN_CHUNK
+    }
+
     #[test]
-    fn every_alignment_up_to_2_pow_30_gets_an_exact_block() {
+    fn every_alignment_up_to_2_pow_30_gets_an_exact_block_or_one_from_i_malloc() {
         for mode in [Mode::Default, Mode::ExactAlign] {
-            for shift in [6, 12, 13, 20, 29, 30] {
+            for shift in [6, 12, 13, 19, 20, 29, 30] {
                 let align = 1usize << shift;
+                let large = large(200, align);
                 // SAFETY: 100 bytes, realloc keeps the alignment and the
                 // contents, freed once.
                 unsafe {
                     let p = allocate(100, align, false, mode);
                     assert_eq!(p.addr() % align, 0, "{mode:?} 2^{shift}");
-                    assert!(entry(p).exact(), "{mode:?} 2^{shift}: {:?}", entry(p));
+                    assert_eq!(entry(p).large, large, "{mode:?} 2^{shift}: {:?}", entry(p));
+                    assert!(
+                        large || entry(p).exact(),
+                        "{mode:?} 2^{shift}: {:?}",
+                        entry(p)
+                    );
                     p.write_bytes(7, 100);
                     let q = reallocate(p, 200, mode);
                     assert_eq!(q.addr() % align, 0, "realloc, {mode:?} 2^{shift}");
-                    assert!(entry(q).exact(), "{mode:?} 2^{shift}: {:?}", entry(q));
+                    assert_eq!(entry(q).large, large, "{mode:?} 2^{shift}: {:?}", entry(q));
+                    assert!(
+                        large || entry(q).exact(),
+                        "{mode:?} 2^{shift}: {:?}",
+                        entry(q)
+                    );
                     assert_eq!(*q.add(99), 7);
                     MKL_free(q.cast());
                 }
@@ -813,8 +1139,82 @@ mod tests {
     }
 
     #[test]
+    fn large_blocks_are_placed_in_chunks_as_mkl_places_them() {
+        // The setup points MKL's pointers at the backing's hooks (unless
+        // MKL_ALLOC_BACKING=off, which the tests under Miri do not set).
+        crate::process::ensure_ready();
+        assert_eq!(crate::backing::state(), crate::backing::Backing::Active);
+        for (size, align) in [(1 << 20, 64), (3 << 20, 4096), (MIN_CHUNK - 88, 64)] {
+            crate::backing::clear_last();
+            // SAFETY: each pointer is the block's latest, used within its
+            // size; the last one is freed once.
+            unsafe {
+                let p = MKL_calloc(1, size, align as c_int).cast::<u8>();
+                let (chunk, _) = crate::backing::last_chunk().expect("served by a chunk");
+                assert_eq!(
+                    p.addr(),
+                    chunk + align,
+                    "MKL's header and alignment in front"
+                );
+                assert_eq!(entry(p).base.addr(), chunk);
+                assert!(entry(p).large);
+                assert_eq!((*p, *p.add(size - 1)), (0, 0), "MKL_calloc zeroes");
+                p.write_bytes(5, size);
+                // Growth and shrink through i_realloc: the offset kept
+                // (but where misaligned-realloc moves the block to 64).
+                let after = if mode() == Mode::MisalignedRealloc {
+                    DEFAULT_ALIGN
+                } else {
+                    align
+                };
+                let q = MKL_realloc(p.cast(), 2 * size).cast::<u8>();
+                let chunk = crate::backing::last_chunk().expect("a chunk").0;
+                assert_eq!(q.addr(), chunk + after);
+                assert!((0..size).step_by(4093).all(|i| *q.add(i) == 5));
+                assert_eq!(*q.add(size - 1), 5);
+                let r = MKL_realloc(q.cast(), 100).cast::<u8>();
+                assert_eq!(r.addr() % after, 0);
+                assert!(entry(r).large, "a large block stays in its chunk");
+                assert!((0..100).all(|i| *r.add(i) == 5));
+                MKL_free(r.cast());
+            }
+        }
+        // Below the floor with MKL's overhead: an exact block.
+        crate::backing::clear_last();
+        // SAFETY: freed once.
+        unsafe {
+            let p = MKL_malloc(MIN_CHUNK - 89, 64).cast::<u8>();
+            assert!(crate::backing::last_chunk().is_none());
+            assert!(!entry(p).large);
+            MKL_free(p.cast());
+        }
+    }
+
+    #[test]
+    fn the_c_runtime_stand_ins_keep_malloc_s_contract() {
+        // SAFETY: each block is the latest, used within its size, freed once.
+        unsafe {
+            let p = c_malloc(40).cast::<u8>();
+            assert_eq!(p.addr() % 16, 0);
+            p.write_bytes(1, 40);
+            let q = c_realloc(p.cast(), 4000).cast::<u8>();
+            assert!((0..40).all(|i| *q.add(i) == 1));
+            assert!(c_realloc(q.cast(), MEMORY).is_null(), "no room: null");
+            assert_eq!(*q.add(39), 1, "the block intact");
+            assert!(c_realloc(q.cast(), 0).is_null(), "size 0 frees");
+            let z = c_calloc(3, 100).cast::<u8>();
+            assert!((0..300).all(|i| *z.add(i) == 0));
+            c_free(z.cast());
+            assert!(c_calloc(usize::MAX, 2).is_null());
+            c_free(ptr::null_mut());
+        }
+    }
+
+    #[test]
     fn exact_align_blocks_are_not_aligned_to_twice_their_alignment() {
-        for shift in [6, 7, 12, 13, 20, 29, 30] {
+        // Up to 2^19: beyond, with MKL's overhead, every block is large,
+        // placed where i_malloc's memory puts it.
+        for shift in [6, 7, 12, 13, 19] {
             let align = 1usize << shift;
             let exactly = |p: *mut u8| p.addr() % align == 0 && p.addr() % (2 * align) != 0;
             // Several blocks live at once: each placed exactly.
@@ -845,7 +1245,12 @@ mod tests {
             // result is freed once.
             unsafe {
                 let p = allocate(100, align, false, Mode::MisalignedRealloc);
-                assert_eq!((p.addr() % align, p.addr() % (2 * align)), (0, align));
+                assert_eq!(p.addr() % align, 0);
+                if !large(300, align) {
+                    // Placed exactly; a large block is where its memory
+                    // puts it.
+                    assert_eq!(p.addr() % (2 * align), align);
+                }
                 p.write_bytes(4, 100);
                 let q = reallocate(p, 300, Mode::MisalignedRealloc);
                 assert_eq!((q.addr() % 64, q.addr() % 128), (0, 64), "align {align}");

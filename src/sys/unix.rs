@@ -46,6 +46,10 @@ pub(crate) fn now_ms() -> usize {
 /// private anonymous memory that the caller owns and may write (its
 /// contents are given up).
 pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
+    // Miri has no `madvise`: the caller writes the zeros.
+    if cfg!(miri) {
+        return false;
+    }
     // SAFETY: the caller owns the page-aligned private anonymous range:
     // releasing it changes no other memory, and its pages read as zero after.
     unsafe { libc::madvise(ptr.cast::<c_void>(), len, libc::MADV_DONTNEED) == 0 }
@@ -59,6 +63,10 @@ pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
 /// owns (the advice changes neither contents nor protection, only how the
 /// kernel backs the range).
 pub(crate) unsafe fn advise_huge(ptr: *mut u8, len: usize) -> bool {
+    // Miri has no `madvise`: the advice fails, as in a kernel without THP.
+    if cfg!(miri) {
+        return false;
+    }
     #[cfg(target_os = "linux")]
     // SAFETY: the caller's page-aligned range; MADV_HUGEPAGE changes
     // neither contents nor protection.
