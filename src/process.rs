@@ -1,6 +1,7 @@
 //! Process-wide state of the allocation path: the one word every call
-//! reads, the setup that runs once (at the first allocation, or at
-//! [`manager::init`](crate::manager::init)), and the `fork` handlers.
+//! reads, the setup that runs once (at load on Linux, else at the first
+//! allocation, or at [`manager::init`](crate::manager::init)), and the
+//! `fork` handlers.
 //!
 //! **The word.** Every allocation compares its size with one relaxed word,
 //! [`SLOW`]: below it (small blocks, the common case) the call goes
