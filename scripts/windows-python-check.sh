@@ -34,12 +34,7 @@ start=$(date +%s)
 triple=x86_64-pc-windows-gnu
 step() { printf -- '-- %s (%s)\n' "$1" "$(date +%T)"; }
 
-step "toolchain: the $triple target, mingw-w64, wine"
-rustup target list --installed | grep -qx "$triple" || rustup target add "$triple"
-if ! command -v x86_64-w64-mingw32-gcc >/dev/null || ! command -v wine >/dev/null; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-mingw-w64-x86-64 wine64 wine >/dev/null
-fi
+. scripts/windows/toolchain.sh
 
 work="$PWD/target/windows-python-check"
 py="$work/python"
