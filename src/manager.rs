@@ -101,7 +101,7 @@ pub fn stats() -> MemStats {
 /// rest of the process (an 8 MiB block allocated and freed afterwards read
 /// as a peak of 0, also after disabling, re-enabling and resetting).
 ///
-/// ```
+/// ```standalone_crate
 /// use mkl_alloc::manager;
 ///
 /// manager::enable_peak_tracking();
@@ -128,7 +128,7 @@ pub fn disable_peak_tracking() {
 /// The highest growth of MKL's allocated bytes since tracking was enabled or
 /// last reset (see [`enable_peak_tracking`]); `None` while tracking is off.
 ///
-/// ```
+/// ```standalone_crate
 /// use mkl_alloc::manager;
 ///
 /// manager::enable_peak_tracking();
@@ -141,7 +141,7 @@ pub fn peak_bytes() -> Option<u64> {
 
 /// Returns the peak (as [`peak_bytes`]) and starts counting again from 0.
 ///
-/// ```
+/// ```standalone_crate
 /// use mkl_alloc::manager;
 ///
 /// manager::enable_peak_tracking();
