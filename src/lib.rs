@@ -99,6 +99,9 @@ pub use allocator::{MAX_ALIGN, MIN_ALIGN, MklAllocator};
 pub use backing::block_cache::shards::Cache;
 #[cfg(loom)]
 #[doc(hidden)]
+pub use backing::chunks::{Chunk, Table as ChunkTable, home as chunk_home};
+#[cfg(loom)]
+#[doc(hidden)]
 pub use c_heap::bin::Bin;
 #[cfg(loom)]
 #[doc(hidden)]

@@ -350,6 +350,79 @@ fn growth_moves_onto_a_cached_chunk_without_a_copy_of_its_tail() {
     block_cache::disable();
 }
 
+/// Blocks the address space right after the chunk that serves `p` (a
+/// block of `size` bytes at 64), so that it cannot grow in place.
+fn block_growth_in_place(p: *const u8, size: usize) {
+    let end = (p as usize & !(2 * MIB - 1)) + chunk(size, 64);
+    // SAFETY: MAP_FIXED_NOREPLACE maps one page at `end` only if nothing is
+    // there (else it fails, and something already blocks the growth); the
+    // page is never unmapped, so nothing else is ever placed there.
+    let q = unsafe {
+        libc::mmap(
+            end as *mut libc::c_void,
+            4096,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert!(
+        q == libc::MAP_FAILED || q as usize == end,
+        "the guard page went elsewhere"
+    );
+}
+
+#[test]
+fn a_growth_takes_a_larger_cached_chunk_and_grows_within_it() {
+    let _s = serial();
+    block_cache::enable(256 * MIB);
+    let target = block(64 * MIB, 64, 0);
+    free(target, 64 * MIB, 64);
+    let held = block_cache::cached_bytes();
+    assert_eq!(held, chunk(64 * MIB, 64));
+    let mut v: AVec<u8, MklAllocator> = AVec::with_capacity_in(8 * MIB, MklAllocator);
+    // SAFETY: 8 MiB of capacity, all written before they count as elements.
+    unsafe {
+        v.as_mut_ptr().write_bytes(7, 8 * MIB);
+        v.set_len(8 * MIB);
+    }
+    block_growth_in_place(v.as_ptr(), 8 * MIB);
+    // 16 MiB cannot be had in place: the cached 64 MiB chunk (within
+    // GROWTH_SLACK = 8 times the request) takes the growth, whole.
+    v.reserve_exact(16 * MIB - v.len());
+    assert_eq!(v.as_ptr(), target.cast_const(), "the growth went elsewhere");
+    assert_eq!(block_cache::cached_bytes(), 0, "the cached chunk was used");
+    // The next growths are served within it, and no shrink rule trims it
+    // (each request is larger than the one before).
+    for mib in [24, 32, 48] {
+        v.resize(mib * MIB, (mib % 251) as u8);
+        assert_eq!(v.as_ptr(), target.cast_const(), "moved at {mib} MiB");
+    }
+    common::check_slice(&v[..8 * MIB], |_| 7);
+    common::check_slice(&v[32 * MIB..], |_| 48);
+    // Freed, the chunk is cached at its true size: the whole 64 MiB.
+    drop(v);
+    assert_eq!(block_cache::cached_bytes(), held);
+    // Taken again whole for a request it fits within an eighth, then
+    // shrunk to an eighth: MKL keeps a shrunk block whole, so the
+    // allocator moves it (see `raw_realloc`), and the chunk comes back to
+    // the cache at its true size.
+    let mut v: AVec<u8, MklAllocator> = AVec::with_capacity_in(60 * MIB, MklAllocator);
+    assert_eq!(
+        v.as_ptr(),
+        target.cast_const(),
+        "the cached chunk was reused"
+    );
+    assert_eq!(block_cache::cached_bytes(), 0);
+    v.push(1);
+    v.shrink_to(8 * MIB);
+    assert_eq!(block_cache::cached_bytes(), held);
+    drop(v);
+    assert_eq!(block_cache::cached_bytes(), held + chunk(8 * MIB, 64));
+    block_cache::disable();
+}
+
 #[test]
 fn zeroed_blocks_from_the_cache_are_zero() {
     let _s = serial();

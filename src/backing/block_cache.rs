@@ -137,6 +137,16 @@ pub fn default_budget() -> usize {
 /// is ten seconds).
 pub const DECAY_MS: usize = 1000;
 
+/// A chunk that grows and cannot grow in place may take a cached chunk of
+/// up to this many times its new size: the growths after it are then
+/// served in place, on pages the cache kept resident (a `Vec` pushed again
+/// after a first push reuses the first push's pages from an eighth of its
+/// final size on, instead of faulting in all but the last doubling). The
+/// slack is the cached chunk's own, memory already held; it is counted in
+/// `cached_bytes` no more, and leaves with the chunk when MKL frees it or
+/// shrinks it by a quarter or more.
+pub(crate) const GROWTH_SLACK: usize = 8;
+
 /// Chunks of at least this many bytes are marked `MADV_FREE` as they enter
 /// the cache (8 MiB). The call costs about a microsecond, which is nothing
 /// beside the page faults a reuse of such a chunk saves, but 35 times a
@@ -312,6 +322,15 @@ mod instance {
         CACHE.take(size, 1)
     }
 
+    /// A cached chunk for a chunk growing to `size` bytes: as [`take`], up
+    /// to [`GROWTH_SLACK`] times `size` (the grown chunk then serves the
+    /// next growths in place, on pages already resident), or null.
+    #[inline(never)]
+    pub(crate) fn take_for_growth(size: usize) -> (*mut u8, usize) {
+        CACHE.decay(now_ms(), free_to_mkl);
+        CACHE.take_within(size, size.saturating_mul(super::GROWTH_SLACK), 1)
+    }
+
     /// Counts one small free of this thread; every [`TICKS`](super::TICKS)th
     /// checks the cache's decay (a thread-local countdown: no shared write,
     /// no clock read on the way).
@@ -382,6 +401,9 @@ mod instance {
         false
     }
     pub(crate) fn take(_size: usize) -> (*mut u8, usize) {
+        (core::ptr::null_mut(), 0)
+    }
+    pub(crate) fn take_for_growth(_size: usize) -> (*mut u8, usize) {
         (core::ptr::null_mut(), 0)
     }
     pub(crate) unsafe fn give(_ptr: *mut u8, _size: usize) -> bool {

@@ -13,41 +13,66 @@
 //!    [`WINDOW`] slots from its hash. No lock, no allocation, nothing to
 //!    repair after a `fork` (a slot is claimed by one compare-and-swap).
 //!
-//! A slot's key is the chunk's address (0: empty); its size is written by
-//! the thread that claimed the slot before the chunk is handed to MKL, and
+//! A slot's key is the chunk's address (0: empty); its size (the bytes
+//! mapped) and the size MKL last asked for (at most the size: a chunk taken
+//! from the cache for a growth may be larger than the request) are written
+//! by the thread that claimed the slot before the chunk is handed to MKL, and
 //! read only by a thread that MKL gave the pointer to afterwards (which
-//! that hand-over orders). Removal stores 0; lookups never stop at an empty
+//! that hand-over orders). Removal stores 0 (release) and a claim is an
+//! acquire: the claimer's record comes after the previous owner's in every
+//! thread's view (with relaxed orderings the previous owner's size could
+//! land last; the loom model found that). Lookups never stop at an empty
 //! slot (they scan the whole window), so no tombstones are needed. A chunk
 //! whose window is full is not registered: the caller then serves the
 //! request from the C runtime instead.
+//!
+//! The table is a [`Table`]: the process has one (a static, behind the
+//! free functions below); a loom model (`loom_tests/chunks.rs`) builds its
+//! own, small, and races inserts, lookups of handed-over chunks and
+//! removals.
 
-use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use crate::sync::AtomicUsize;
+use crate::sync::Ordering::{Acquire, Relaxed, Release};
 
 /// Every chunk is aligned to this (one x86-64 huge page).
 pub(crate) const CHUNK_ALIGN: usize = 2 << 20;
 
 /// Slots in the table: 65 536 live chunks of 1 MiB or more (64 GiB at the
-/// least), in 1 MiB of zero-initialised static memory, which costs
-/// resident memory only where it is touched.
-const SLOTS: usize = 1 << 16;
+/// least), in 1.5 MiB of zero-initialised static memory, which costs
+/// resident memory only where it is touched. Under loom: 8, so that
+/// windows overlap and wrap.
+const SLOTS: usize = if cfg!(loom) { 8 } else { 1 << 16 };
 /// Slots probed per key.
-const WINDOW: usize = 64;
+const WINDOW: usize = if cfg!(loom) { 4 } else { 64 };
 
-struct Table {
-    keys: [AtomicUsize; SLOTS],
-    sizes: [AtomicUsize; SLOTS],
+/// One slot: the key and its record side by side, so that a lookup (and
+/// a process's first chunk) touches one cache line and one page.
+struct Slot {
+    key: AtomicUsize,
+    size: AtomicUsize,
+    asked: AtomicUsize,
 }
 
-static TABLE: Table = Table {
-    keys: [const { AtomicUsize::new(0) }; SLOTS],
-    sizes: [const { AtomicUsize::new(0) }; SLOTS],
-};
+/// A table of live chunks (see the module docs).
+pub struct Table {
+    slots: [Slot; SLOTS],
+}
+
+/// A live chunk's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Bytes mapped (a multiple of the page size).
+    pub size: usize,
+    /// The size MKL last asked for, rounded to pages (`<= size`).
+    pub asked: usize,
+}
 
 /// The first slot of `addr`'s window (Fibonacci hashing of the chunk's
 /// 2 MiB frame number).
 #[inline]
-fn home(addr: usize) -> usize {
-    ((addr / CHUNK_ALIGN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize >> (64 - 16)
+pub fn home(addr: usize) -> usize {
+    ((addr / CHUNK_ALIGN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as usize
+        >> (64 - SLOTS.trailing_zeros())
 }
 
 #[inline]
@@ -62,53 +87,121 @@ pub(crate) fn may_be_chunk(addr: usize) -> bool {
     addr & (CHUNK_ALIGN - 1) == 0 && addr != 0
 }
 
-/// Records the chunk `addr` of `size` bytes; `false` if its window is
-/// full (the chunk is then not the crate's: the caller unmaps it).
-pub(crate) fn insert(addr: usize, size: usize) -> bool {
-    debug_assert!(may_be_chunk(addr));
-    for s in window(addr) {
-        if TABLE.keys[s].load(Relaxed) == 0
-            && TABLE.keys[s]
-                .compare_exchange(0, addr, Relaxed, Relaxed)
-                .is_ok()
-        {
-            TABLE.sizes[s].store(size, Relaxed);
-            return true;
+impl Table {
+    /// An empty table.
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        Table {
+            slots: [const {
+                Slot {
+                    key: AtomicUsize::new(0),
+                    size: AtomicUsize::new(0),
+                    asked: AtomicUsize::new(0),
+                }
+            }; SLOTS],
         }
     }
-    false
-}
 
-/// The slot holding the chunk `addr`, if it is one.
-fn slot(addr: usize) -> Option<usize> {
-    if !may_be_chunk(addr) {
-        return None;
+    /// An empty table (loom's atomics have no `const` constructor).
+    #[cfg(loom)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        Table {
+            slots: core::array::from_fn(|_| Slot {
+                key: AtomicUsize::new(0),
+                size: AtomicUsize::new(0),
+                asked: AtomicUsize::new(0),
+            }),
+        }
     }
-    window(addr).find(|&s| TABLE.keys[s].load(Relaxed) == addr)
+
+    /// Records the chunk `addr` of `size` bytes, asked for as `asked`;
+    /// `false` if its window is full (the chunk is then not the crate's:
+    /// the caller unmaps it).
+    pub fn insert(&self, addr: usize, size: usize, asked: usize) -> bool {
+        debug_assert!(may_be_chunk(addr) && asked <= size);
+        for s in window(addr) {
+            let slot = &self.slots[s];
+            if slot.key.load(Relaxed) == 0
+                && slot.key.compare_exchange(0, addr, Acquire, Relaxed).is_ok()
+            {
+                slot.size.store(size, Relaxed);
+                slot.asked.store(asked, Relaxed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The slot holding the chunk `addr`, if it is one.
+    fn slot(&self, addr: usize) -> Option<&Slot> {
+        if !may_be_chunk(addr) {
+            return None;
+        }
+        window(addr)
+            .map(|s| &self.slots[s])
+            .find(|slot| slot.key.load(Relaxed) == addr)
+    }
+
+    /// The record of the chunk `addr`, or `None` if it is not one.
+    #[inline]
+    pub fn get(&self, addr: usize) -> Option<Chunk> {
+        self.slot(addr).map(|slot| Chunk {
+            size: slot.size.load(Relaxed),
+            asked: slot.asked.load(Relaxed),
+        })
+    }
+
+    /// Forgets the chunk `addr` and returns its size, or `None` (not a
+    /// chunk).
+    pub fn remove(&self, addr: usize) -> Option<usize> {
+        let slot = self.slot(addr)?;
+        let size = slot.size.load(Relaxed);
+        slot.key.store(0, Release);
+        Some(size)
+    }
+
+    /// Records a new record for the live chunk `addr` (after a resize in
+    /// place, or a request served within its size).
+    pub fn resize(&self, addr: usize, c: Chunk) {
+        debug_assert!(c.asked <= c.size);
+        if let Some(slot) = self.slot(addr) {
+            slot.size.store(c.size, Relaxed);
+            slot.asked.store(c.asked, Relaxed);
+        }
+    }
 }
 
-/// The size of the chunk `addr`, or `None` if it is not one of the crate's.
+/// The process's table.
+#[cfg(not(loom))]
+static TABLE: Table = Table::new();
+
+/// Records the chunk `addr` in the process's table (see [`Table::insert`]).
+#[cfg(not(loom))]
+pub(crate) fn insert(addr: usize, size: usize, asked: usize) -> bool {
+    TABLE.insert(addr, size, asked)
+}
+
+/// The record of the chunk `addr` (see [`Table::get`]).
+#[cfg(not(loom))]
 #[inline]
-pub(crate) fn size_of(addr: usize) -> Option<usize> {
-    slot(addr).map(|s| TABLE.sizes[s].load(Relaxed))
+pub(crate) fn get(addr: usize) -> Option<Chunk> {
+    TABLE.get(addr)
 }
 
-/// Forgets the chunk `addr` and returns its size, or `None` (not a chunk).
+/// Forgets the chunk `addr` (see [`Table::remove`]).
+#[cfg(not(loom))]
 pub(crate) fn remove(addr: usize) -> Option<usize> {
-    let s = slot(addr)?;
-    let size = TABLE.sizes[s].load(Relaxed);
-    TABLE.keys[s].store(0, Relaxed);
-    Some(size)
+    TABLE.remove(addr)
 }
 
-/// Records a new size for the live chunk `addr` (after a resize in place).
-pub(crate) fn resize(addr: usize, size: usize) {
-    if let Some(s) = slot(addr) {
-        TABLE.sizes[s].store(size, Relaxed);
-    }
+/// A new record for the live chunk `addr` (see [`Table::resize`]).
+#[cfg(not(loom))]
+pub(crate) fn resize(addr: usize, c: Chunk) {
+    TABLE.resize(addr, c)
 }
 
-#[cfg(all(test, not(miri)))]
+#[cfg(all(test, not(miri), not(loom)))]
 mod tests {
     use super::*;
 
@@ -116,7 +209,7 @@ mod tests {
     fn unaligned_and_null_are_never_chunks() {
         assert!(!may_be_chunk(0));
         assert!(!may_be_chunk(CHUNK_ALIGN + 16));
-        assert_eq!(size_of(CHUNK_ALIGN * 3 + 64), None);
+        assert_eq!(get(CHUNK_ALIGN * 3 + 64), None);
     }
 
     #[test]
@@ -131,15 +224,20 @@ mod tests {
             .take(WINDOW + 1)
             .collect();
         for (i, &a) in addrs[..WINDOW].iter().enumerate() {
-            assert!(insert(a, (i + 1) << 20), "slot {i}");
+            assert!(insert(a, (i + 1) << 20, (i + 1) << 20), "slot {i}");
         }
-        assert!(!insert(addrs[WINDOW], 1 << 20), "the window is full");
-        assert_eq!(size_of(addrs[7]), Some(8 << 20));
-        resize(addrs[7], 9 << 20);
+        assert!(
+            !insert(addrs[WINDOW], 1 << 20, 1 << 20),
+            "the window is full"
+        );
+        let c = |size, asked| Chunk { size, asked };
+        assert_eq!(get(addrs[7]), Some(c(8 << 20, 8 << 20)));
+        resize(addrs[7], c(9 << 20, 5 << 20));
+        assert_eq!(get(addrs[7]), Some(c(9 << 20, 5 << 20)));
         assert_eq!(remove(addrs[7]), Some(9 << 20));
-        assert_eq!(size_of(addrs[7]), None);
+        assert_eq!(get(addrs[7]), None);
         // The freed slot takes the next chunk; the others are still found.
-        assert!(insert(addrs[WINDOW], 1 << 20));
+        assert!(insert(addrs[WINDOW], 1 << 20, 1 << 20));
         for &a in addrs.iter().filter(|&&a| a != addrs[7]) {
             assert!(remove(a).is_some());
         }

@@ -44,15 +44,16 @@
 //! may be this crate), never call MKL, and hold a block-cache shard lock
 //! only while copying slots (no system call under it).
 
-// Under loom only the block cache's shards are modelled, and off Linux
+// Under loom only the block cache's shards and the chunk table are
+// modelled (the hooks are not built), and off Linux
 // there are no chunks yet: the hooks are never installed, and the chunk
 // paths of the cache and huge pages go unused.
 #![cfg_attr(any(loom, not(target_os = "linux")), allow(dead_code, unused_imports))]
 
 pub mod block_cache;
 mod budget;
-mod chunks;
-#[cfg(target_os = "linux")]
+pub(crate) mod chunks;
+#[cfg(all(target_os = "linux", not(loom)))]
 mod hooks;
 pub mod huge_pages;
 #[cfg(target_os = "linux")]
@@ -158,9 +159,9 @@ pub(crate) fn last_chunk() -> Option<(usize, bool)> {
 /// mapped by `VirtualAlloc`) MKL stays on the C runtime's memory and the
 /// state is [`Backing::Off`].
 pub(crate) fn install() {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(loom)))]
     hooks::install();
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(any(not(target_os = "linux"), loom))]
     STATE.store(3, Relaxed);
 }
 

@@ -187,9 +187,14 @@ impl Cache {
     /// its size; null if there is none. The block leaves the cache: the
     /// caller owns it.
     pub fn take(&self, size: usize, align: usize) -> (*mut u8, usize) {
-        let max = size.saturating_add(size / MAX_WASTE_DIV);
-        let first = class(size);
-        for shard in &self.shards[first..SHARDS.min(first + 2)] {
+        self.take_within(size, size.saturating_add(size / MAX_WASTE_DIV), align)
+    }
+
+    /// As [`take`](Self::take), for a block of `size ..= max` bytes (the
+    /// smallest size class first).
+    pub fn take_within(&self, size: usize, max: usize, align: usize) -> (*mut u8, usize) {
+        let (first, last) = (class(size), class(max.max(size)));
+        for shard in &self.shards[first..=last] {
             let mut slots = shard.lock();
             let mut best: Option<usize> = None;
             for (i, e) in slots.0.iter().enumerate() {
