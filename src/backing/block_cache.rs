@@ -19,7 +19,9 @@
 //!   memory the process may use: physical memory, or the cgroup's limit
 //!   where that is lower ([`default_budget`]).
 //! - **Fit**: a request of `n` bytes is served only by a chunk of
-//!   `n ..= n + n/8` bytes, so at most 1/8 of a reused chunk is waste.
+//!   `n ..= n + n/8` bytes, so at most 1/8 of a reused chunk is waste; a
+//!   chunk that grows and cannot grow in place may take one of up to
+//!   8 times its new size (`GROWTH_SLACK`), and grows within it.
 //! - **Decay**: a chunk unused for [`DECAY_MS`] (or what [`set_decay_ms`]
 //!   set) is unmapped at the next large allocation or free, or at one of
 //!   the program's small frees through any path (every thread checks the

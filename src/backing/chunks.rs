@@ -122,9 +122,10 @@ impl Table {
         debug_assert!(may_be_chunk(addr) && asked <= size);
         for s in window(addr) {
             let slot = &self.slots[s];
-            if slot.key.load(Relaxed) == 0
-                && slot.key.compare_exchange(0, addr, Acquire, Relaxed).is_ok()
-            {
+            // A compare-and-swap without a load first: a slot's page, the
+            // first time a process uses it, then costs one write fault, not
+            // a read fault and a write fault (windows are mostly empty).
+            if slot.key.compare_exchange(0, addr, Acquire, Relaxed).is_ok() {
                 slot.size.store(size, Relaxed);
                 slot.asked.store(asked, Relaxed);
                 return true;

@@ -3,7 +3,7 @@
 //! MKL takes every byte it allocates, for the program (`MKL_malloc` & co.)
 //! and for itself (BLAS threads' buffers, FFT descriptors, LAPACK
 //! workspaces), through four function pointers, `i_malloc`, `i_calloc`,
-//! `i_realloc` and `i_free` ([`ffi::i_malloc`] & co.), the C runtime's
+//! `i_realloc` and `i_free` ([`ffi::i_malloc`](crate::ffi::i_malloc) & co.), the C runtime's
 //! functions by default. The crate's setup points them at the hooks below,
 //! before MKL's first call wherever it can (an ELF constructor, or the
 //! first allocation), and chains to the values it found there:
@@ -22,7 +22,7 @@
 //! mkl-service's `mem_stat()`) count live blocks only, the cache counts
 //! each chunk at its true size, and a chunk fresh from the kernel is known
 //! to read zero (the allocator above then writes nothing for a zeroed
-//! block: see [`last_chunk`]).
+//! block: see `last_chunk`).
 //!
 //! **MKL first.** MKL copies the pointers at its first call (measured with
 //! oneMKL 2026.2: set after one `MKL_malloc`, they were never called). If

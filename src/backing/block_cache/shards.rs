@@ -242,6 +242,14 @@ impl Cache {
                 Err(now_held) => held = now_held,
             }
         }
+        if held == 0 {
+            // The cache was empty: nothing can be due before this block,
+            // so the first sweep waits for it (a sweep visits every shard,
+            // which a process's first reuse would otherwise pay: 176 locks
+            // and the first touch of their pages).
+            let due = now.saturating_add(self.decay.load(Relaxed));
+            self.next_sweep.fetch_max(due, Relaxed);
+        }
         let new = Entry {
             ptr,
             size,
