@@ -7,10 +7,11 @@
 //! The cache and MKL's counts are process-wide: every test takes `serial()`
 //! and leaves the cache off and empty.
 //!
-//! Linux only: the cache keeps chunks beneath MKL, and chunks exist only
-//! where the crate sets MKL's memory pointers (not yet on Windows, whose
-//! MKL DLLs read `i_malloc_dll` & co.).
-#![cfg(target_os = "linux")]
+//! Linux and Windows: the cache keeps chunks beneath MKL, and chunks exist
+//! where the crate sets MKL's memory pointers (on Windows those that
+//! `libimalloc.dll` exports). The tests that read Linux's /proc, set an
+//! rlimit or fake a cgroup are ignored elsewhere.
+#![cfg(any(target_os = "linux", windows))]
 
 mod common;
 
@@ -248,6 +249,10 @@ fn decay_goes_on_through_small_frees_of_every_path() {
 /// the kernel may take back whenever it needs it (`LazyFree` in smaps).
 #[test]
 #[cfg_attr(miri, ignore = "reads /proc")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "reads Linux's /proc/self/smaps_rollup (Windows: MEM_RESET, not counted anywhere)"
+)]
 fn cached_chunks_are_lazily_freed_for_an_idle_process() {
     let _s = serial();
     block_cache::enable(256 * MIB);
@@ -687,12 +692,17 @@ fn run_alone(name: &str, wrapper: &[&str], env: &[(&str, &str)]) -> (bool, Strin
 /// returned null under `RLIMIT_AS` while the cache held 400 MiB).
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "limits the address space with Linux's RLIMIT_AS"
+)]
 fn a_failed_allocation_empties_the_cache_and_retries() {
     let (ok, out) = run_alone("rlimit_child", &[], &[]);
     assert!(ok, "{out}");
 }
 
 #[test]
+#[cfg(target_os = "linux")]
 #[ignore = "run by a_failed_allocation_empties_the_cache_and_retries in a child process"]
 fn rlimit_child() {
     block_cache::enable(1 << 30);
@@ -732,6 +742,10 @@ fn rlimit_child() {
 /// `unshare` needed; skipped with a message otherwise).
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "fakes a Linux cgroup limit (under wine /proc would be the host's)"
+)]
 fn the_default_budget_follows_the_cgroup_limit() {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let file = cgroups.lines().find_map(|l| {

@@ -340,12 +340,14 @@ mod instance {
     }
 
     /// `pthread_atfork`'s prepare handler: holds every shard's lock.
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn lock_for_fork() {
         CACHE.lock_for_fork();
     }
 
     /// The parent's and the child's handler (`child`: recount the budget
     /// word first), releasing what [`lock_for_fork`] took.
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn unlock_after_fork(child: bool) {
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.

@@ -47,15 +47,21 @@
 // Under loom only the block cache's shards are modelled, and off Linux
 // there are no chunks yet: the hooks are never installed, and the chunk
 // paths of the cache and huge pages go unused.
-#![cfg_attr(any(loom, not(target_os = "linux")), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    any(loom, not(any(target_os = "linux", windows))),
+    allow(dead_code, unused_imports)
+)]
 
 pub mod block_cache;
 mod budget;
 mod chunks;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", windows))]
 mod hooks;
 pub mod huge_pages;
 #[cfg(target_os = "linux")]
+mod map;
+#[cfg(windows)]
+#[path = "map_windows.rs"]
 mod map;
 pub(crate) mod zeroing;
 
@@ -158,9 +164,9 @@ pub(crate) fn last_chunk() -> Option<(usize, bool)> {
 /// mapped by `VirtualAlloc`) MKL stays on the C runtime's memory and the
 /// state is [`Backing::Off`].
 pub(crate) fn install() {
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", windows))]
     hooks::install();
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(any(target_os = "linux", windows)))]
     STATE.store(3, Relaxed);
 }
 
@@ -169,16 +175,16 @@ pub(crate) fn install() {
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's that nothing uses any more.
 pub(crate) unsafe fn unmap_chunk(p: *mut u8, size: usize) {
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", windows))]
     // SAFETY: the caller's contract.
     unsafe {
         map::unmap(p, size)
     };
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(any(target_os = "linux", windows)))]
     {
-        // No chunk exists off Linux: the cache is never given one.
+        // No chunk exists elsewhere: the cache is never given one.
         let _ = (p, size);
-        unreachable!("mkl-alloc: a chunk off Linux");
+        unreachable!("mkl-alloc: a chunk on a platform without chunks");
     }
 }
 
@@ -188,11 +194,11 @@ pub(crate) unsafe fn unmap_chunk(p: *mut u8, size: usize) {
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's whose contents nobody needs.
 pub(crate) unsafe fn lazy_free(p: *mut u8, size: usize) {
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", windows))]
     // SAFETY: the caller's contract.
     unsafe {
         map::lazy_free(p, size)
     };
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(any(target_os = "linux", windows)))]
     let _ = (p, size);
 }

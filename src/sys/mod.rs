@@ -35,6 +35,10 @@ pub(crate) use imp::{
 // Windows has no `fork`: the handlers exist on Unix only.
 #[cfg(unix)]
 pub(crate) use imp::at_fork;
+// Where MKL takes its memory functions from on Windows, and the process
+// heap beneath the hooks there.
+#[cfg(windows)]
+pub(crate) use imp::{heap_calloc, heap_free, heap_malloc, heap_realloc, mkl_memory_slots};
 
 #[cfg(all(test, not(miri)))]
 mod tests {
