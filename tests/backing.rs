@@ -1,0 +1,118 @@
+//! The backing beneath MKL on every platform that has it (Linux, and
+//! Windows through `libimalloc.dll`): MKL's large blocks are the crate's
+//! chunks, a freed one is kept by the block cache while MKL's own count
+//! drops back, and a chunk shrunk in place grows back in place.
+//!
+//! MKL's counts and the cache are process-wide: each test takes `serial()`.
+#![cfg(any(target_os = "linux", windows))]
+
+use core::alloc::{GlobalAlloc, Layout};
+use std::sync::{Mutex, MutexGuard};
+
+use allocator_api2::vec::Vec as AVec;
+use mkl_alloc::backing::{self, Backing};
+use mkl_alloc::{MklAllocator, block_cache, huge_pages, manager};
+
+const MIB: usize = 1 << 20;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    block_cache::disable();
+    huge_pages::disable();
+    block_cache::set_decay_ms(3_600_000);
+    g
+}
+
+/// On Windows before the backing there, the state was `Off` and a freed
+/// 8 MiB block went back to the C runtime's heap: nothing was cached.
+#[test]
+fn a_freed_large_block_is_cached_beneath_mkl() {
+    let _s = serial();
+    manager::init();
+    assert_eq!(backing::state(), Backing::Active);
+    assert_eq!(manager::stats().backing, Backing::Active);
+    block_cache::enable(64 * MIB);
+    let before = manager::stats();
+    let mut v: AVec<f64, MklAllocator> = AVec::with_capacity_in(MIB, MklAllocator); // 8 MiB
+    v.resize(MIB, 1.5);
+    let during = manager::stats();
+    assert!(during.bytes >= before.bytes + 8 * MIB as u64, "{during:?}");
+    drop(v);
+    let after = manager::stats();
+    assert_eq!(
+        after.mkl_held(),
+        before.mkl_held(),
+        "MKL still counts the block"
+    );
+    assert!(
+        block_cache::cached_bytes() >= 8 * MIB && after.cached_bytes >= 8 * MIB as u64,
+        "the freed chunk is not cached: {after:?}"
+    );
+    // A zeroed block of the same size takes the cached (dirty, and on
+    // Windows `MEM_RESET`) chunk and still reads as zero.
+    let l = Layout::from_size_align(8 * MIB, 64).unwrap();
+    // SAFETY: a non-zero size.
+    let p = unsafe { MklAllocator.alloc_zeroed(l) };
+    assert!(!p.is_null());
+    assert_eq!(
+        block_cache::cached_bytes(),
+        0,
+        "the cached chunk was not reused"
+    );
+    // SAFETY: 8 MiB of initialised (zero) bytes just allocated.
+    assert!(
+        unsafe { core::slice::from_raw_parts(p, 8 * MIB) }
+            .iter()
+            .all(|&b| b == 0)
+    );
+    // SAFETY: allocated above with this layout.
+    unsafe { MklAllocator.dealloc(p, l) };
+    manager::free_buffers();
+    assert_eq!(block_cache::cached_bytes(), 0);
+    block_cache::disable();
+}
+
+/// A chunk shrunk by a quarter or more (but not to half or less, which
+/// the allocator above MKL answers with a move) gives its tail back (an
+/// `mremap` on Linux, a decommit on Windows) and keeps its contents;
+/// grown again it keeps them too. On Windows the growth is always in place: the
+/// decommitted tail stays reserved for the chunk.
+#[test]
+fn a_shrunk_chunk_keeps_its_contents_and_grows_back() {
+    let _s = serial();
+    let big = Layout::from_size_align(32 * MIB, 64).unwrap();
+    // SAFETY: a non-zero size.
+    let p = unsafe { MklAllocator.alloc(big) };
+    assert!(!p.is_null());
+    let fill = |p: *mut u8, n: usize| {
+        for i in (0..n).step_by(4096) {
+            // SAFETY: inside the live block of at least n bytes.
+            unsafe { p.add(i).write((i / 4096) as u8) };
+        }
+    };
+    let check = |p: *const u8, n: usize| {
+        for i in (0..n).step_by(4096) {
+            // SAFETY: as in fill.
+            assert_eq!(unsafe { p.add(i).read() }, (i / 4096) as u8, "byte {i}");
+        }
+    };
+    fill(p, 32 * MIB);
+    // SAFETY: the live block of `big`, resized to a non-zero size.
+    let q = unsafe { MklAllocator.realloc(p, big, 20 * MIB) };
+    assert!(!q.is_null());
+    check(q, 20 * MIB);
+    let small = Layout::from_size_align(20 * MIB, 64).unwrap();
+    // SAFETY: the live block of `small`.
+    let r = unsafe { MklAllocator.realloc(q, small, 32 * MIB) };
+    assert!(!r.is_null());
+    check(r, 20 * MIB);
+    if cfg!(windows) {
+        assert_eq!(r, q, "the chunk did not grow back into its own tail");
+    }
+    fill(r, 32 * MIB);
+    check(r, 32 * MIB);
+    // SAFETY: the live block of `big`.
+    unsafe { MklAllocator.dealloc(r, big) };
+}
