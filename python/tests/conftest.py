@@ -95,8 +95,10 @@ def block_cache_on():
     """Whether the crate's block cache keeps freed blocks of 1 MiB and more,
     as MKL_ALLOC_BLOCK_CACHE sets it: on unless "off" or "0" (unset, empty,
     "on" or a byte count: on; any other value keeps the default, on).
-    The cache beneath MKL is Linux-only for now: elsewhere (Windows) MKL's
-    blocks come from the C runtime and the cache never keeps one: off.
+    The cache beneath MKL is Linux-only in this package for now: on Windows
+    MKL takes its memory functions from a libimalloc.dll, which the wheel
+    does not ship yet, so MKL's blocks come from its own functions and the
+    cache never keeps one: off.
     """
     return LINUX and os.environ.get("MKL_ALLOC_BLOCK_CACHE", "") not in ("off", "0")
 

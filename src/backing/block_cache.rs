@@ -28,7 +28,9 @@
 //!   background thread: no thread is started here. For a process that
 //!   goes idle, cached chunks of [`LAZY_FREE_MIN`] (8 MiB) and more are
 //!   marked `MADV_FREE` as they enter the cache, so the kernel takes their
-//!   pages whenever it needs memory (jemalloc's "muzzy" state);
+//!   pages whenever it needs memory (jemalloc's "muzzy" state; on Windows
+//!   `MEM_RESET`, which lets the system drop their contents rather than
+//!   page them out);
 //!   [`manager::free_buffers`](crate::manager::free_buffers) empties the
 //!   cache at once.
 //! - **Accounting**: cached chunks are not MKL blocks any more, so
@@ -94,7 +96,7 @@
 //! drop(v); // kept beneath MKL, not unmapped
 //! let w: Vec<f64, MklAllocator> = Vec::with_capacity_in(1 << 20, MklAllocator);
 //! if backing::state() == Backing::Active {
-//!     // (Linux: where MKL is on the crate's chunks.)
+//!     // (Linux and Windows: where MKL is on the crate's chunks.)
 //!     assert_eq!(w.as_ptr(), first); // the same, already faulted-in chunk
 //! }
 //! drop(w);

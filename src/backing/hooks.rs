@@ -125,7 +125,7 @@ unsafe fn set_mkl_pointers() -> Set {
 }
 
 /// Windows: MKL's DLLs read the pointers exported by `libimalloc.dll`
-/// (see [`ffi::IMALLOC_DLL`]). If all four hold functions (the Intel
+/// (see `ffi::IMALLOC_DLL`). If all four hold functions (the Intel
 /// runtime's own DLL: the C runtime's), those are the previous ones;
 /// otherwise (the build's data-only DLL: null) the process heap's. The C
 /// runtime's `malloc` is not known to be beneath either, so

@@ -34,6 +34,21 @@
 //! without this crate, and the block cache and huge pages do not apply.
 //! `MKL_ALLOC_BACKING=off` leaves the pointers alone.
 //!
+//! **On Windows** MKL's DLLs export no such pointers: `mkl_core.3.dll`
+//! reads them, at its first call, from the exports `i_malloc_dll` & co. of
+//! a module named `libimalloc.dll` (`ffi::IMALLOC_DLL`), if all four are
+//! set, and otherwise keeps its own functions. The build writes a
+//! data-only `libimalloc.dll` beside MKL's DLLs; the setup loads it (or
+//! the Intel runtime's own, if one is loaded or found) and sets its four
+//! pointers. Without one, the state is [`Backing::Off`]. Chunks there are
+//! `VirtualAlloc`ed regions on 2 MiB boundaries (`map_windows.rs`): a
+//! shrink decommits the tail, a growth recommits only that tail and
+//! otherwise moves by copying (Windows has no `mremap`), the cache's lazy
+//! free is `MEM_RESET`, and no huge pages are advised (Windows has no
+//! advice: large pages must be allocated as such, with a privilege). The
+//! functions beneath the hooks are the process heap's (`HeapAlloc`), or
+//! those the Intel runtime's DLL held.
+//!
 //! **Under Miri** the emulated MKL (src/ffi/miri.rs) takes its large
 //! blocks through the same four pointers, as MKL does, so the hooks, the
 //! registry and the cache run there too, on chunks of the emulated
@@ -44,9 +59,9 @@
 //! may be this crate), never call MKL, and hold a block-cache shard lock
 //! only while copying slots (no system call under it).
 
-// Under loom only the block cache's shards are modelled, and off Linux
-// there are no chunks yet: the hooks are never installed, and the chunk
-// paths of the cache and huge pages go unused.
+// Under loom only the block cache's shards are modelled, and off Linux and
+// Windows there are no chunks: the hooks are never installed, and the
+// chunk paths of the cache and huge pages go unused.
 #![cfg_attr(
     any(loom, not(any(target_os = "linux", windows))),
     allow(dead_code, unused_imports)
@@ -92,8 +107,9 @@ pub enum Backing {
     /// MKL had been called before the setup set its pointers: it keeps the
     /// C runtime's functions, and none of the crate's policies apply.
     MklRanFirst,
-    /// `MKL_ALLOC_BACKING=off`, or a platform without chunks yet
-    /// (Windows): MKL runs on the C runtime's memory.
+    /// `MKL_ALLOC_BACKING=off`, a platform without chunks (neither Linux
+    /// nor Windows), or Windows without a `libimalloc.dll` to find (see
+    /// the module docs): MKL runs on its default memory functions.
     Off,
 }
 
@@ -159,10 +175,9 @@ pub(crate) fn last_chunk() -> Option<(usize, bool)> {
     (addr != 0).then_some((addr, fresh))
 }
 
-/// Points MKL's memory functions at the hooks, once: on Linux. Elsewhere
-/// (Windows, whose DLLs read `i_malloc_dll` & co., with chunks still to be
-/// mapped by `VirtualAlloc`) MKL stays on the C runtime's memory and the
-/// state is [`Backing::Off`].
+/// Points MKL's memory functions at the hooks, once: on Linux and Windows
+/// (there through `libimalloc.dll`). Elsewhere MKL stays on the C
+/// runtime's memory and the state is [`Backing::Off`].
 pub(crate) fn install() {
     #[cfg(any(target_os = "linux", windows))]
     hooks::install();

@@ -11,12 +11,14 @@
 //! `huge_pages::status`, never from the allocation path).
 //!
 //! What differs on Windows: there is no `fork`, so no handlers are
-//! registered; the blocks MKL hands out come from the C library's heap, and
-//! large pages exist only for memory allocated with `MEM_LARGE_PAGES` by a
-//! process holding `SeLockMemoryPrivilege`, so no advice is given and the
-//! huge-page mode reads as unavailable; releasing a range to zero is a
-//! decommit and a recommit of its pages (`MEM_RESET` keeps or drops the
-//! contents at the system's choice, and does not zero).
+//! registered; large pages exist only for memory allocated with
+//! `MEM_LARGE_PAGES` by a process holding `SeLockMemoryPrivilege`, so no
+//! advice is given and the huge-page mode reads as unavailable; releasing
+//! a range to zero is a decommit and a recommit of its pages (`MEM_RESET`
+//! keeps or drops the contents at the system's choice, and does not zero).
+//! MKL's memory functions are found in `libimalloc.dll`
+//! (`mkl_memory_slots`), and the process heap serves what the hooks do
+//! not (`heap_malloc` & co.).
 
 #[cfg(unix)]
 mod unix;

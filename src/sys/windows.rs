@@ -93,8 +93,8 @@ pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
 
 /// No advice exists for memory already allocated: Windows backs a range
 /// with large pages only if it was allocated with `MEM_LARGE_PAGES`, by a
-/// process holding `SeLockMemoryPrivilege`, and MKL's blocks come from the
-/// C library's heap. Always `false` (nothing advised).
+/// process holding `SeLockMemoryPrivilege` (the crate's chunks are not).
+/// Always `false` (nothing advised).
 ///
 /// # Safety
 /// None needed (nothing is done); the signature is the Unix one.
