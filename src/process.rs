@@ -17,7 +17,9 @@
 //! **Setup.** It points MKL's memory functions at the backing before any
 //! MKL call it makes, and runs as early as the crate can arrange: from an
 //! ELF constructor when the program (or the extension module that links
-//! the crate) is loaded, else at the first allocation, or at
+//! the crate) is loaded, on Windows from a C runtime initialiser when the
+//! crate is in the executable (not in a DLL, whose initialisers run under
+//! the loader lock), else at the first allocation, or at
 //! [`manager::init`](crate::manager::init).
 //!
 //! **Fork.** A child process has one thread, the copy of the one that
@@ -94,6 +96,27 @@ const THRESHOLD: usize = backing::zeroing::LAZY_ZERO_MIN;
 static AT_LOAD: extern "C" fn() = {
     extern "C" fn at_load() {
         setup();
+    }
+    at_load
+};
+
+/// The setup at load time on Windows: a C runtime initialiser
+/// (`.CRT$XCU`, run before `main` by the MSVC and mingw-w64 runtimes; it
+/// runs under wine with the GNU target), so that MKL's memory functions are
+/// the backing's before any other code can call MKL. Only where the crate
+/// is part of the program's executable: in a DLL (a Python extension) the
+/// initialisers run inside `DllMain`, under the loader lock, where the
+/// setup's `LoadLibraryExW` and MKL's first calls (libmkl_rt loads its
+/// other DLLs) must not run; there the setup waits for the first
+/// allocation, as before.
+#[cfg(all(windows, not(any(loom, miri, test))))]
+#[used]
+#[unsafe(link_section = ".CRT$XCU")]
+static AT_LOAD_WINDOWS: extern "C" fn() = {
+    extern "C" fn at_load() {
+        if crate::sys::in_main_executable(at_load as *const ()) {
+            setup();
+        }
     }
     at_load
 };

@@ -116,3 +116,32 @@ fn a_shrunk_chunk_keeps_its_contents_and_grows_back() {
     // SAFETY: the live block of `big`.
     unsafe { MklAllocator.dealloc(r, big) };
 }
+
+/// The setup runs when the program loads (an ELF constructor on Linux, a
+/// C runtime initialiser on Windows): MKL's pointers are the hooks before
+/// any code of the program's runs, so an MKL call made before the crate's
+/// first allocation (a BLAS routine of another crate's, say) is on the
+/// backing too. Checked in a fresh process that touches nothing first.
+#[test]
+#[cfg_attr(miri, ignore = "starts a child process")]
+fn the_setup_runs_when_the_program_loads() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "load_child", "--ignored", "--test-threads=1"])
+        .env_remove("MKL_ALLOC_BACKING")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+#[test]
+#[ignore = "run by the_setup_runs_when_the_program_loads in a child process"]
+fn load_child() {
+    // Nothing of the crate's has run in this process but its load-time
+    // setup.
+    assert_eq!(backing::state(), Backing::Active);
+}

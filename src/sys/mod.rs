@@ -41,6 +41,9 @@ pub(crate) use imp::at_fork;
 // heap beneath the hooks there.
 #[cfg(windows)]
 pub(crate) use imp::{heap_calloc, heap_free, heap_malloc, heap_realloc, mkl_memory_slots};
+// The load-time setup's question (process.rs).
+#[cfg(all(windows, not(any(loom, miri, test))))]
+pub(crate) use imp::in_main_executable;
 
 #[cfg(all(test, not(miri)))]
 mod tests {

@@ -6,7 +6,8 @@ use windows_sys::Win32::Storage::FileSystem::WriteFile;
 use windows_sys::Win32::System::Console::{GetStdHandle, STD_ERROR_HANDLE};
 use windows_sys::Win32::System::Environment::GetEnvironmentVariableW;
 use windows_sys::Win32::System::LibraryLoader::{
-    GetModuleFileNameW, GetModuleHandleW, GetProcAddress, LoadLibraryExW,
+    GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS, GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+    GetModuleFileNameW, GetModuleHandleExW, GetModuleHandleW, GetProcAddress, LoadLibraryExW,
 };
 use windows_sys::Win32::System::Memory::{
     GetProcessHeap, HEAP_ZERO_MEMORY, HeapAlloc, HeapFree, HeapReAlloc, MEM_COMMIT, MEM_DECOMMIT,
@@ -154,6 +155,24 @@ pub(crate) fn mkl_memory_slots() -> Option<[*mut *mut c_void; 4]> {
             *slot = GetProcAddress(module, name.as_ptr().cast())? as *mut *mut c_void;
         }
         Some(slots)
+    }
+}
+
+/// Whether `addr` (code of the crate's) lies in the process's executable,
+/// not in a DLL.
+#[cfg_attr(any(loom, miri, test), allow(dead_code))] // the load-time setup's
+pub(crate) fn in_main_executable(addr: *const ()) -> bool {
+    let mut module = core::ptr::null_mut();
+    // SAFETY: with FROM_ADDRESS the name argument is an address, looked up
+    // only; UNCHANGED_REFCOUNT takes no reference; the handle is written
+    // through a valid pointer. GetModuleHandleW(null) is the executable.
+    unsafe {
+        GetModuleHandleExW(
+            GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS | GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+            addr.cast(),
+            &mut module,
+        ) != 0
+            && module == GetModuleHandleW(core::ptr::null())
     }
 }
 
