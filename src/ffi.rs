@@ -92,8 +92,8 @@ unsafe extern "C" {
 
 /// On Windows, the module MKL takes its memory functions from:
 /// `mkl_core.3.dll`, at its first call, loads `libimalloc.dll` (the Intel
-/// compilers' runtime DLL; a module of that name already loaded is the one
-/// found) and reads the four pointers its exports [`IMALLOC_SYMBOLS`]
+/// compilers' runtime DLL, which the `mkl` wheel also ships, its pointers
+/// null; a module of that name already loaded is the one found) and reads the four pointers its exports [`IMALLOC_SYMBOLS`]
 /// hold, if all four exist and none is null; else it keeps its own
 /// functions (measured with oneMKL 2026.2's DLLs). The build provides a
 /// data-only one beside MKL's DLLs (build/imalloc.rs). UTF-16, with its

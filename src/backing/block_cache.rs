@@ -74,9 +74,10 @@
 //! | `off` or `0` | off: every chunk MKL frees is unmapped at once |
 //! | a byte count (decimal digits) | on, with that budget |
 //!
-//! Read once, at the crate's setup (on Linux when the program loads, from
-//! an ELF constructor; elsewhere at the first allocation or the first call
-//! of [`budget`]),
+//! Read once, at the crate's setup (when the program loads, from an ELF
+//! constructor on Linux or, in a Windows executable, a C runtime
+//! initialiser; elsewhere at the first allocation or the first call of
+//! [`budget`]),
 //! with libc's `getenv` (`GetEnvironmentVariableW` on Windows); any other value keeps the default, with one line
 //! on stderr. [`enable`] and [`disable`] override it.
 //!

@@ -125,11 +125,11 @@ unsafe fn set_mkl_pointers() -> Set {
 }
 
 /// Windows: MKL's DLLs read the pointers exported by `libimalloc.dll`
-/// (see `ffi::IMALLOC_DLL`). If all four hold functions (the Intel
-/// runtime's own DLL: the C runtime's), those are the previous ones;
-/// otherwise (the build's data-only DLL: null) the process heap's. The C
-/// runtime's `malloc` is not known to be beneath either, so
-/// `PREV_IS_LIBC` stays false.
+/// (see `ffi::IMALLOC_DLL`). If all four hold functions (set by other code
+/// before), those are the previous ones; otherwise (null, as in the
+/// build's data-only DLL and the `mkl` wheel's) the process heap's. No C
+/// runtime's `malloc_usable_size` knows either's blocks, so there is no
+/// `PREV_IS_LIBC` here.
 ///
 /// # Safety
 /// As on Linux.

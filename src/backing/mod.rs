@@ -5,8 +5,9 @@
 //! workspaces), through four function pointers, `i_malloc`, `i_calloc`,
 //! `i_realloc` and `i_free` ([`ffi::i_malloc`] & co.), the C runtime's
 //! functions by default. The crate's setup points them at the hooks below,
-//! before MKL's first call wherever it can (an ELF constructor, or the
-//! first allocation), and chains to the values it found there:
+//! before MKL's first call wherever it can (an ELF constructor, a C
+//! runtime initialiser in a Windows executable, or the first allocation),
+//! and chains to the values it found there:
 //!
 //! - a request of [`MIN_CHUNK`] (1 MiB) or more is served by a **chunk**
 //!   of the crate's: an anonymous mapping on a 2 MiB boundary (`map`),
