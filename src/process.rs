@@ -48,8 +48,8 @@
 //! fork from a signal handler skips what the interrupted thread itself
 //! holds (the rare-call lock, its own marker, a shard it holds), which the
 //! child's copy of that thread releases when the handler returns. In
-//! `mkl-rt` builds the setup also calls each MKL entry point the crate uses
-//! once: libmkl_rt resolves an entry at its first call under an internal
+//! `mkl-rt` builds on Unix the setup also calls each MKL entry point the
+//! crate uses once (not on Windows, which has no `fork`): libmkl_rt resolves an entry at its first call under an internal
 //! spin lock, and a child forked while another thread held that lock hangs
 //! at its first MKL call. MKL calls made outside the crate (BLAS and the
 //! like, from other threads) are not covered: docs/reliability.md says what
@@ -139,7 +139,10 @@ pub(crate) fn setup() {
     #[cfg(not(loom))]
     backing::install();
     register_fork_handlers();
-    #[cfg(all(feature = "mkl-rt", not(miri)))]
+    // For fork only (see the module docs): Windows has none, and there the
+    // setup runs at load, where an MKL allocation would leave
+    // `MKL_Disable_Fast_MM` no first call to succeed.
+    #[cfg(all(feature = "mkl-rt", unix, not(miri)))]
     resolve_mkl_entries();
     READY.store(true, Relaxed);
     SLOW.store(THRESHOLD, Relaxed);
@@ -184,7 +187,7 @@ extern "C" fn in_child() {
 /// resolved them all before user code can fork (see the module docs).
 /// `MKL_Disable_Fast_MM` and `MKL_Set_Memory_Limit` change MKL's state and
 /// are left to their first real call.
-#[cfg(all(feature = "mkl-rt", not(miri)))]
+#[cfg(all(feature = "mkl-rt", unix, not(miri)))]
 fn resolve_mkl_entries() {
     use crate::ffi;
     // SAFETY: a block is allocated, resized and freed once; the zeroed one
