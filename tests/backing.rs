@@ -6,24 +6,17 @@
 //! MKL's counts and the cache are process-wide: each test takes `serial()`.
 #![cfg(any(target_os = "linux", windows))]
 
+mod common;
+
 use core::alloc::{GlobalAlloc, Layout};
-use std::sync::{Mutex, MutexGuard};
 
 use allocator_api2::vec::Vec as AVec;
 use mkl_alloc::backing::{self, Backing};
-use mkl_alloc::{MklAllocator, block_cache, huge_pages, manager};
+use mkl_alloc::{MklAllocator, block_cache, manager};
 
 const MIB: usize = 1 << 20;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    block_cache::disable();
-    huge_pages::disable();
-    block_cache::set_decay_ms(3_600_000);
-    g
-}
+use common::serial;
 
 /// On Windows before the backing there, the state was `Off` and a freed
 /// 8 MiB block went back to the C runtime's heap: nothing was cached.

@@ -17,7 +17,6 @@ mod common;
 
 use core::alloc::{GlobalAlloc, Layout};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 
 use allocator_api2::vec::Vec as AVec;
 use mkl_alloc::{MklAllocator, MklSplitAllocator, SharedMklVec, block_cache, huge_pages, manager};
@@ -25,18 +24,7 @@ use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// One test at a time, starting with the cache and huge pages off and empty,
-/// and a decay time no test reaches (a slow run, under valgrind say, must not
-/// see blocks decay); `unused_blocks_decay` sets its own.
-fn serial() -> MutexGuard<'static, ()> {
-    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    block_cache::disable();
-    huge_pages::disable();
-    block_cache::set_decay_ms(3_600_000);
-    g
-}
+use common::serial; // `unused_blocks_decay` sets its own decay time
 
 /// The chunk beneath MKL that serves `MKL_malloc(size, max(64, align))`:
 /// MKL asks `i_malloc` for the size plus the alignment plus its 24-byte
