@@ -18,6 +18,22 @@ const MIB: usize = 1 << 20;
 
 use common::serial;
 
+/// Writes one byte a page into the live block `[p, p + n)`.
+fn fill(p: *mut u8, n: usize) {
+    for i in (0..n).step_by(4096) {
+        // SAFETY: inside the live block of at least n bytes.
+        unsafe { p.add(i).write((i / 4096) as u8) };
+    }
+}
+
+/// Checks what `fill` wrote into `[p, p + n)`.
+fn check(p: *const u8, n: usize) {
+    for i in (0..n).step_by(4096) {
+        // SAFETY: inside the live block of at least n bytes.
+        assert_eq!(unsafe { p.add(i).read() }, (i / 4096) as u8, "byte {i}");
+    }
+}
+
 /// On Windows before the backing there, the state was `Off` and a freed
 /// 8 MiB block went back to the C runtime's heap: nothing was cached.
 #[test]
@@ -79,18 +95,6 @@ fn a_shrunk_chunk_keeps_its_contents_and_grows_back() {
     // SAFETY: a non-zero size.
     let p = unsafe { MklAllocator.alloc(big) };
     assert!(!p.is_null());
-    let fill = |p: *mut u8, n: usize| {
-        for i in (0..n).step_by(4096) {
-            // SAFETY: inside the live block of at least n bytes.
-            unsafe { p.add(i).write((i / 4096) as u8) };
-        }
-    };
-    let check = |p: *const u8, n: usize| {
-        for i in (0..n).step_by(4096) {
-            // SAFETY: as in fill.
-            assert_eq!(unsafe { p.add(i).read() }, (i / 4096) as u8, "byte {i}");
-        }
-    };
     fill(p, 32 * MIB);
     // SAFETY: the live block of `big`, resized to a non-zero size.
     let q = unsafe { MklAllocator.realloc(p, big, 20 * MIB) };
@@ -108,6 +112,36 @@ fn a_shrunk_chunk_keeps_its_contents_and_grows_back() {
     check(r, 32 * MIB);
     // SAFETY: the live block of `big`.
     unsafe { MklAllocator.dealloc(r, big) };
+}
+
+/// A block of the heap beneath the hooks (below 1 MiB) that grows to a
+/// chunk's size moves into a chunk once, keeping its bytes, so that it is
+/// cached when freed (`malloc_usable_size` tells the copy's length on
+/// Linux, `HeapSize` on Windows; before it, on Windows, such a block stayed
+/// on the process heap and was never cached).
+#[test]
+fn a_small_block_grown_large_becomes_a_chunk() {
+    let _s = serial();
+    block_cache::enable(64 * MIB);
+    let small = Layout::from_size_align(64 << 10, 64).unwrap();
+    // SAFETY: a non-zero size.
+    let p = unsafe { MklAllocator.alloc(small) };
+    assert!(!p.is_null());
+    fill(p, 64 << 10);
+    // SAFETY: the live block of `small`, grown.
+    let q = unsafe { MklAllocator.realloc(p, small, 8 * MIB) };
+    assert!(!q.is_null());
+    check(q, 64 << 10);
+    fill(q, 8 * MIB);
+    // SAFETY: the live block, now of 8 MiB.
+    unsafe { MklAllocator.dealloc(q, Layout::from_size_align(8 * MIB, 64).unwrap()) };
+    assert!(
+        block_cache::cached_bytes() >= 8 * MIB,
+        "the grown block was not a chunk: {:?}",
+        manager::stats()
+    );
+    manager::free_buffers();
+    block_cache::disable();
 }
 
 /// The setup runs when the program loads (an ELF constructor on Linux, a

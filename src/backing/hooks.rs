@@ -22,9 +22,13 @@ static PREV_CALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 static PREV_REALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 static PREV_FREE: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 /// Whether the previous functions are the C library's own (then
-/// `malloc_usable_size` knows their blocks); never on Windows.
+/// `malloc_usable_size` knows their blocks); Linux's.
 #[cfg(not(windows))]
 static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
+/// Whether the previous functions are the process heap's (then
+/// `HeapSize` knows their blocks); Windows'.
+#[cfg(windows)]
+static PREV_IS_HEAP: AtomicBool = AtomicBool::new(false);
 
 /// Points MKL's memory functions at the hooks, once. Runs in the crate's
 /// setup, before any MKL call the setup makes.
@@ -127,9 +131,9 @@ unsafe fn set_mkl_pointers() -> Set {
 /// Windows: MKL's DLLs read the pointers exported by `libimalloc.dll`
 /// (see `ffi::IMALLOC_DLL`). If all four hold functions (set by other code
 /// before), those are the previous ones; otherwise (null, as in the
-/// build's data-only DLL and the `mkl` wheel's) the process heap's. No C
-/// runtime's `malloc_usable_size` knows either's blocks, so there is no
-/// `PREV_IS_LIBC` here.
+/// build's data-only DLL and the `mkl` wheel's) the process heap's, whose
+/// blocks `HeapSize` measures (`PREV_IS_HEAP`); no C runtime's `malloc` is
+/// known to be beneath either, so there is no `PREV_IS_LIBC` here.
 ///
 /// # Safety
 /// As on Linux.
@@ -159,11 +163,9 @@ unsafe fn set_mkl_pointers() -> Set {
         if found[0] == hooks[0] {
             return Set::Already;
         }
-        let prev = if found.iter().all(|p| !p.is_null()) {
-            found
-        } else {
-            heap
-        };
+        let set = found.iter().all(|p| !p.is_null());
+        let prev = if set { found } else { heap };
+        PREV_IS_HEAP.store(!set, Relaxed);
         for (cell, p) in [&PREV_MALLOC, &PREV_CALLOC, &PREV_REALLOC, &PREV_FREE]
             .into_iter()
             .zip(prev)
@@ -296,14 +298,17 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
             return q.cast();
         }
     }
-    #[cfg(not(windows))]
-    if chunk_for(n) && PREV_IS_LIBC.load(Relaxed) {
+    let usable = if chunk_for(n) {
+        // SAFETY: `p` is a live block of the previous functions.
+        unsafe { prev_usable_size(p) }
+    } else {
+        None
+    };
+    if let Some(usable) = usable {
         // A block of the C runtime's growing into a chunk's size (a Vec
         // pushed past 1 MiB): moved into a chunk once, so that from here on
-        // it grows with mremap, on huge pages, and is cached when freed.
-        // SAFETY: `p` is a live block of the C library's malloc (the
-        // previous functions are libc's own), which knows its usable size.
-        let usable = unsafe { libc::malloc_usable_size(p) };
+        // it grows in place where it can, on huge pages, and is cached
+        // when freed.
         let q = new_chunk(n);
         if !q.is_null() {
             // SAFETY: distinct live blocks; `p` holds `usable` readable
@@ -317,6 +322,33 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     }
     // SAFETY: a block of the previous functions; realloc's contract.
     retry(|| unsafe { prev_realloc(p, n) })
+}
+
+/// The usable size of `p`, a live block of the previous functions, where
+/// they can tell it: glibc's `malloc_usable_size` when they are the C
+/// library's own, `HeapSize` on Windows when they are the process heap's.
+///
+/// # Safety
+/// `p` is a live block of the previous functions.
+#[inline]
+unsafe fn prev_usable_size(p: *mut c_void) -> Option<usize> {
+    #[cfg(not(windows))]
+    {
+        // SAFETY: the caller's contract; with PREV_IS_LIBC the previous
+        // functions are libc's own, whose blocks it measures.
+        PREV_IS_LIBC
+            .load(Relaxed)
+            .then(|| unsafe { libc::malloc_usable_size(p) })
+    }
+    #[cfg(windows)]
+    {
+        if !PREV_IS_HEAP.load(Relaxed) {
+            return None;
+        }
+        // SAFETY: the caller's contract; with PREV_IS_HEAP the previous
+        // functions are the process heap's.
+        unsafe { crate::sys::heap_size(p) }
+    }
 }
 
 /// A chunk for a request of `n >= MIN_CHUNK` bytes: a cached one of

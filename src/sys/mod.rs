@@ -40,7 +40,9 @@ pub(crate) use imp::at_fork;
 // Where MKL takes its memory functions from on Windows, and the process
 // heap beneath the hooks there.
 #[cfg(windows)]
-pub(crate) use imp::{heap_calloc, heap_free, heap_malloc, heap_realloc, mkl_memory_slots};
+pub(crate) use imp::{
+    heap_calloc, heap_free, heap_malloc, heap_realloc, heap_size, mkl_memory_slots,
+};
 // The load-time setup's question (process.rs).
 #[cfg(all(windows, not(any(loom, miri, test))))]
 pub(crate) use imp::in_main_executable;

@@ -10,8 +10,9 @@ use windows_sys::Win32::System::LibraryLoader::{
     GetModuleFileNameW, GetModuleHandleExW, GetModuleHandleW, GetProcAddress, LoadLibraryExW,
 };
 use windows_sys::Win32::System::Memory::{
-    GetProcessHeap, HEAP_ZERO_MEMORY, HeapAlloc, HeapFree, HeapReAlloc, MEM_COMMIT, MEM_DECOMMIT,
-    MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE, VirtualAlloc, VirtualFree, VirtualQuery,
+    GetProcessHeap, HEAP_ZERO_MEMORY, HeapAlloc, HeapFree, HeapReAlloc, HeapSize, MEM_COMMIT,
+    MEM_DECOMMIT, MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE, VirtualAlloc, VirtualFree,
+    VirtualQuery,
 };
 use windows_sys::Win32::System::SystemInformation::{
     GetTickCount64, GlobalMemoryStatusEx, MEMORYSTATUSEX,
@@ -216,6 +217,18 @@ pub(crate) unsafe extern "C" fn heap_realloc(p: *mut c_void, n: usize) -> *mut c
             HeapReAlloc(GetProcessHeap(), 0, p, n.max(1))
         }
     }
+}
+
+/// The size of `p`, a block of [`heap_malloc`] & co. (`HeapSize`), or
+/// `None` if the heap cannot tell.
+///
+/// # Safety
+/// `p` is a live block of these functions.
+pub(crate) unsafe fn heap_size(p: *mut c_void) -> Option<usize> {
+    // SAFETY: the caller's contract; HeapSize only reads the heap's
+    // bookkeeping of the block.
+    let n = unsafe { HeapSize(GetProcessHeap(), 0, p) };
+    (n != usize::MAX).then_some(n)
 }
 
 /// `free` on the process heap (null: nothing).
