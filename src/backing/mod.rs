@@ -204,8 +204,8 @@ pub(crate) unsafe fn unmap_chunk(p: *mut u8, size: usize) {
     }
 }
 
-/// Marks a cached chunk's pages as reclaimable (`MADV_FREE`, see
-/// [`block_cache`]).
+/// Marks a cached chunk's pages as reclaimable (`MADV_FREE`, `MEM_RESET`
+/// on Windows; see [`block_cache`]).
 ///
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's whose contents nobody needs.
