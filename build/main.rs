@@ -51,6 +51,7 @@
 mod cache;
 mod config;
 mod fetch;
+mod imalloc;
 mod link;
 mod locks;
 mod mode;

@@ -51,6 +51,8 @@ pub fn provision_rt() -> Result<()> {
     prototypes::check(&include_dir.join("mkl_service.h"))?;
     report_lib_dir(&lib_dir);
     let dir = link_farm(&lib_dir)?;
+    // Beside MKL's DLLs, where the crate's setup looks for it (see imalloc).
+    crate::imalloc::provide(&dir)?;
     println!("cargo:rustc-link-search=native={}", dir.display());
     if msvc {
         println!("cargo:rustc-link-lib=dylib=mkl_rt");

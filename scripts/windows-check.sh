@@ -14,9 +14,14 @@
 # cache, making its folder of links; and with a part missing, taking that
 # part's lock (LockFileEx) before its fetch is tried.
 #
+# The backing beneath MKL runs here as on Linux: MKL's DLLs take the
+# crate's hooks through the libimalloc.dll that the build writes into its
+# folder of links (build/imalloc.rs), on the test binaries' PATH (and told
+# to the runner for the doctests).
+#
 # Skips, each with its reason in the source, all reported as `ignored`:
-# Linux-only tests (/proc's RSS and smaps, THP advice: four) are ignored off
-# Linux; the tests that ask for 2^45 bytes or more (four) are ignored under wine
+# Linux-only tests (/proc's RSS and smaps, THP advice, RLIMIT_AS, a faked
+# cgroup limit: seven) are ignored off Linux; the tests that ask for 2^45 bytes or more (four) are ignored under wine
 # (`--cfg mkl_alloc_wine`, set here for the target only): wine reserves such
 # sizes where Windows refuses them, and the system then kills the process.
 # Whole test files that are Unix-only (fork_stress: no fork on Windows;
@@ -72,6 +77,10 @@ features=(--no-default-features --features mkl-rt,serde,bytemuck,allocator-api2-
 step "cargo test --target $triple ${features[*]} --tests (under wine)"
 cargo test --target "$triple" "${features[@]}" --tests --no-fail-fast "$@" 2>&1 | tee "$work/test.log"
 step "the doctests, under wine"
+# The tests' folder of links (the same features build the same one): its
+# libimalloc.dll puts the doctests' MKL on the backing too.
+links=$(ls -td target/"$triple"/debug/build/mkl-alloc-*/out/mkl-lib | head -1)
+export MKL_ALLOC_WINE_DLLS="$MKL_ALLOC_WINE_DLLS:$PWD/$links"
 cargo test --target "$triple" "${features[@]}" --doc "$@" 2>&1 | tee "$work/doctest.log"
 
 # The build script as a Windows program (after the tests, whose build

@@ -76,8 +76,9 @@ pub type IFree = unsafe extern "C" fn(ptr: *mut c_void);
 // MKL's memory-function pointers ("Redefining Memory Functions" in the
 // oneMKL developer guide): data symbols that MKL reads at its first call
 // and takes every allocation through afterwards, the C runtime's functions
-// by default. The crate sets them once, in its setup (`backing`).
-#[cfg(not(miri))]
+// by default. The crate sets them once, in its setup (`backing`). On
+// Windows MKL's DLLs export none of them: see `IMALLOC_DLL`.
+#[cfg(not(any(miri, windows)))]
 unsafe extern "C" {
     /// MKL's `malloc`.
     pub static mut i_malloc: Option<IMalloc>;
@@ -87,4 +88,43 @@ unsafe extern "C" {
     pub static mut i_realloc: Option<IRealloc>;
     /// MKL's `free`.
     pub static mut i_free: Option<IFree>;
+}
+
+/// On Windows, the module MKL takes its memory functions from:
+/// `mkl_core.3.dll`, at its first call, loads `libimalloc.dll` (the Intel
+/// compilers' runtime DLL, which the `mkl` wheel also ships, its pointers
+/// null; a module of that name already loaded is the one found) and reads the four pointers its exports [`IMALLOC_SYMBOLS`]
+/// hold, if all four exist and none is null; else it keeps its own
+/// functions (measured with oneMKL 2026.2's DLLs). The build provides a
+/// data-only one beside MKL's DLLs (build/imalloc.rs). UTF-16, with its
+/// terminating NUL, for `GetModuleHandleW` and `LoadLibraryExW`.
+#[cfg(windows)]
+pub const IMALLOC_DLL: [u16; 15] = wide(b"libimalloc.dll\0");
+
+/// On Windows, `mkl_rt.3.dll`'s module name (UTF-16, NUL-terminated): the
+/// build's `libimalloc.dll` lies beside it.
+#[cfg(windows)]
+pub const MKL_RT_DLL: [u16; 13] = wide(b"mkl_rt.3.dll\0");
+
+/// The data symbols of [`IMALLOC_DLL`], each a pointer to one function
+/// pointer, in `i_malloc` order: [`IMalloc`], [`ICalloc`], [`IRealloc`],
+/// [`IFree`].
+#[cfg(windows)]
+pub const IMALLOC_SYMBOLS: [&core::ffi::CStr; 4] = [
+    c"i_malloc_dll",
+    c"i_calloc_dll",
+    c"i_realloc_dll",
+    c"i_free_dll",
+];
+
+/// ASCII as UTF-16, at compile time.
+#[cfg(windows)]
+const fn wide<const N: usize>(ascii: &[u8; N]) -> [u16; N] {
+    let mut w = [0u16; N];
+    let mut i = 0;
+    while i < N {
+        w[i] = ascii[i] as u16;
+        i += 1;
+    }
+    w
 }

@@ -17,7 +17,9 @@
 //! **Setup.** It points MKL's memory functions at the backing before any
 //! MKL call it makes, and runs as early as the crate can arrange: from an
 //! ELF constructor when the program (or the extension module that links
-//! the crate) is loaded, else at the first allocation, or at
+//! the crate) is loaded, on Windows from a C runtime initialiser when the
+//! crate is in the executable (not in a DLL, whose initialisers run under
+//! the loader lock), else at the first allocation, or at
 //! [`manager::init`](crate::manager::init).
 //!
 //! **Fork.** A child process has one thread, the copy of the one that
@@ -46,8 +48,8 @@
 //! fork from a signal handler skips what the interrupted thread itself
 //! holds (the rare-call lock, its own marker, a shard it holds), which the
 //! child's copy of that thread releases when the handler returns. In
-//! `mkl-rt` builds the setup also calls each MKL entry point the crate uses
-//! once: libmkl_rt resolves an entry at its first call under an internal
+//! `mkl-rt` builds on Unix the setup also calls each MKL entry point the
+//! crate uses once (not on Windows, which has no `fork`): libmkl_rt resolves an entry at its first call under an internal
 //! spin lock, and a child forked while another thread held that lock hangs
 //! at its first MKL call. MKL calls made outside the crate (BLAS and the
 //! like, from other threads) are not covered: docs/reliability.md says what
@@ -98,6 +100,27 @@ static AT_LOAD: extern "C" fn() = {
     at_load
 };
 
+/// The setup at load time on Windows: a C runtime initialiser
+/// (`.CRT$XCU`, run before `main` by the MSVC and mingw-w64 runtimes; it
+/// runs under wine with the GNU target), so that MKL's memory functions are
+/// the backing's before any other code can call MKL. Only where the crate
+/// is part of the program's executable: in a DLL (a Python extension) the
+/// initialisers run inside `DllMain`, under the loader lock, where the
+/// setup's `LoadLibraryExW` and MKL's first calls (libmkl_rt loads its
+/// other DLLs) must not run; there the setup waits for the first
+/// allocation, as before.
+#[cfg(all(windows, not(any(loom, miri, test))))]
+#[used]
+#[unsafe(link_section = ".CRT$XCU")]
+static AT_LOAD_WINDOWS: extern "C" fn() = {
+    extern "C" fn at_load() {
+        if crate::sys::in_main_executable(at_load as *const ()) {
+            setup();
+        }
+    }
+    at_load
+};
+
 /// Reads the environment's policies, points MKL's memory functions at the
 /// backing, registers the fork handlers (once) and, in `mkl-rt` builds,
 /// resolves MKL's entry points. Racing first calls may both run it: each
@@ -116,7 +139,10 @@ pub(crate) fn setup() {
     #[cfg(not(loom))]
     backing::install();
     register_fork_handlers();
-    #[cfg(all(feature = "mkl-rt", not(miri)))]
+    // For fork only (see the module docs): Windows has none, and there the
+    // setup runs at load, where an MKL allocation would leave
+    // `MKL_Disable_Fast_MM` no first call to succeed.
+    #[cfg(all(feature = "mkl-rt", unix, not(miri)))]
     resolve_mkl_entries();
     READY.store(true, Relaxed);
     SLOW.store(THRESHOLD, Relaxed);
@@ -161,7 +187,7 @@ extern "C" fn in_child() {
 /// resolved them all before user code can fork (see the module docs).
 /// `MKL_Disable_Fast_MM` and `MKL_Set_Memory_Limit` change MKL's state and
 /// are left to their first real call.
-#[cfg(all(feature = "mkl-rt", not(miri)))]
+#[cfg(all(feature = "mkl-rt", unix, not(miri)))]
 fn resolve_mkl_entries() {
     use crate::ffi;
     // SAFETY: a block is allocated, resized and freed once; the zeroed one

@@ -7,16 +7,16 @@
 //! The cache and MKL's counts are process-wide: every test takes `serial()`
 //! and leaves the cache off and empty.
 //!
-//! Linux only: the cache keeps chunks beneath MKL, and chunks exist only
-//! where the crate sets MKL's memory pointers (not yet on Windows, whose
-//! MKL DLLs read `i_malloc_dll` & co.).
-#![cfg(target_os = "linux")]
+//! Linux and Windows: the cache keeps chunks beneath MKL, and chunks exist
+//! where the crate sets MKL's memory pointers (on Windows those that
+//! `libimalloc.dll` exports). The tests that read Linux's /proc, set an
+//! rlimit or fake a cgroup are ignored elsewhere.
+#![cfg(any(target_os = "linux", windows))]
 
 mod common;
 
 use core::alloc::{GlobalAlloc, Layout};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 
 use allocator_api2::vec::Vec as AVec;
 use mkl_alloc::{MklAllocator, MklSplitAllocator, SharedMklVec, block_cache, huge_pages, manager};
@@ -24,18 +24,7 @@ use proptest::prelude::*;
 
 const MIB: usize = 1 << 20;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// One test at a time, starting with the cache and huge pages off and empty,
-/// and a decay time no test reaches (a slow run, under valgrind say, must not
-/// see blocks decay); `unused_blocks_decay` sets its own.
-fn serial() -> MutexGuard<'static, ()> {
-    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    block_cache::disable();
-    huge_pages::disable();
-    block_cache::set_decay_ms(3_600_000);
-    g
-}
+use common::serial; // `unused_blocks_decay` sets its own decay time
 
 /// The chunk beneath MKL that serves `MKL_malloc(size, max(64, align))`:
 /// MKL asks `i_malloc` for the size plus the alignment plus its 24-byte
@@ -248,6 +237,10 @@ fn decay_goes_on_through_small_frees_of_every_path() {
 /// the kernel may take back whenever it needs it (`LazyFree` in smaps).
 #[test]
 #[cfg_attr(miri, ignore = "reads /proc")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "reads Linux's /proc/self/smaps_rollup (Windows: MEM_RESET, not counted anywhere)"
+)]
 fn cached_chunks_are_lazily_freed_for_an_idle_process() {
     let _s = serial();
     block_cache::enable(256 * MIB);
@@ -352,7 +345,7 @@ fn growth_moves_onto_a_cached_chunk_without_a_copy_of_its_tail() {
 
 /// Blocks the address space right after the chunk that serves `p` (a
 /// block of `size` bytes at 64), so that it cannot grow in place.
-#[cfg(not(miri))]
+#[cfg(all(unix, not(miri)))]
 fn block_growth_in_place(p: *const u8, size: usize) {
     let end = (p as usize & !(2 * MIB - 1)) + chunk(size, 64);
     // SAFETY: MAP_FIXED_NOREPLACE maps one page at `end` only if nothing is
@@ -388,8 +381,10 @@ fn a_growth_takes_a_larger_cached_chunk_and_grows_within_it() {
         v.as_mut_ptr().write_bytes(7, 8 * MIB);
         v.set_len(8 * MIB);
     }
-    // (Under Miri no chunk is ever resized in place: no guard needed.)
-    #[cfg(not(miri))]
+    // (Under Miri no chunk is ever resized in place, and on Windows a chunk
+    // grows in place only into a reserved tail, which a fresh one lacks:
+    // no guard needed there.)
+    #[cfg(all(unix, not(miri)))]
     block_growth_in_place(v.as_ptr(), 8 * MIB);
     // 16 MiB cannot be had in place: the cached 64 MiB chunk (within
     // GROWTH_SLACK = 8 times the request) takes the growth, whole.
@@ -772,12 +767,17 @@ fn run_alone(name: &str, wrapper: &[&str], env: &[(&str, &str)]) -> (bool, Strin
 /// returned null under `RLIMIT_AS` while the cache held 400 MiB).
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "limits the address space with Linux's RLIMIT_AS"
+)]
 fn a_failed_allocation_empties_the_cache_and_retries() {
     let (ok, out) = run_alone("rlimit_child", &[], &[]);
     assert!(ok, "{out}");
 }
 
 #[test]
+#[cfg(target_os = "linux")]
 #[ignore = "run by a_failed_allocation_empties_the_cache_and_retries in a child process"]
 fn rlimit_child() {
     block_cache::enable(1 << 30);
@@ -817,6 +817,10 @@ fn rlimit_child() {
 /// `unshare` needed; skipped with a message otherwise).
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "fakes a Linux cgroup limit (under wine /proc would be the host's)"
+)]
 fn the_default_budget_follows_the_cgroup_limit() {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let file = cgroups.lines().find_map(|l| {

@@ -57,7 +57,7 @@ fn fresh_then_reused(huge: bool) {
                 p.write_bytes(0xAB, size);
                 MklAllocator.dealloc(p, layout);
                 let q = MklAllocator.alloc_zeroed(layout);
-                // Where MKL is on the crate's chunks (Linux), the cached
+                // Where MKL is on the crate's chunks (Linux, Windows), the cached
                 // chunk serves it, dirty; elsewhere the C runtime's heap
                 // may or may not reuse the block.
                 if mkl_alloc::backing::state() == mkl_alloc::backing::Backing::Active {

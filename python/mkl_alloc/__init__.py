@@ -25,13 +25,14 @@ crate's ELF constructor and again at import): it reads
 functions (``i_malloc`` & co.) at the crate's backing, so that MKL's blocks
 of 1 MiB or more, mkl-service's and NumPy's through the handler alike, are
 the crate's chunks (cached, on huge pages, grown with ``mremap``), unless
-MKL was called before the extension loaded; registers the fork
-handlers that keep the block cache consistent in a child, and calls each
-MKL entry point the package uses once, so that a child forked while other
-threads allocate never waits on libmkl_rt's lazy resolution. That call
-allocates and frees one small MKL block, so mkl-service's
+MKL was called before the extension loaded; and, on Linux, registers the
+fork handlers that keep the block cache consistent in a child, and calls
+each MKL entry point the package uses once, so that a child forked while
+other threads allocate never waits on libmkl_rt's lazy resolution. That
+call allocates and frees one small MKL block, so there mkl-service's
 ``disable_fast_mm()`` has to come before ``import mkl_alloc`` to take
 effect (``MKL_DISABLE_FAST_MM=1`` in the environment works either way).
+Windows has no fork, so neither is done there.
 
 ``numpy_handler``, ``set_numpy_handler``, ``numpy_memory`` and
 ``is_mkl_array`` put the data of the arrays NumPy itself allocates on MKL

@@ -95,10 +95,13 @@ def block_cache_on():
     """Whether the crate's block cache keeps freed blocks of 1 MiB and more,
     as MKL_ALLOC_BLOCK_CACHE sets it: on unless "off" or "0" (unset, empty,
     "on" or a byte count: on; any other value keeps the default, on).
-    The cache beneath MKL is Linux-only for now: elsewhere (Windows) MKL's
-    blocks come from the C runtime and the cache never keeps one: off.
+    On Windows the cache is beneath MKL too: MKL takes its memory functions
+    from the libimalloc.dll that the mkl wheel installs beside mkl_rt.3.dll
+    (Library\\bin), whose pointers the crate sets at import.
     """
-    return LINUX and os.environ.get("MKL_ALLOC_BLOCK_CACHE", "") not in ("off", "0")
+    return (LINUX or sys.platform == "win32") and os.environ.get(
+        "MKL_ALLOC_BLOCK_CACHE", ""
+    ) not in ("off", "0")
 
 
 def huge_page_threshold():

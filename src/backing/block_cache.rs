@@ -30,7 +30,9 @@
 //!   background thread: no thread is started here. For a process that
 //!   goes idle, cached chunks of [`LAZY_FREE_MIN`] (8 MiB) and more are
 //!   marked `MADV_FREE` as they enter the cache, so the kernel takes their
-//!   pages whenever it needs memory (jemalloc's "muzzy" state);
+//!   pages whenever it needs memory (jemalloc's "muzzy" state; on Windows
+//!   `MEM_RESET`, which lets the system drop their contents rather than
+//!   page them out);
 //!   [`manager::free_buffers`](crate::manager::free_buffers) empties the
 //!   cache at once.
 //! - **Accounting**: cached chunks are not MKL blocks any more, so
@@ -74,9 +76,10 @@
 //! | `off` or `0` | off: every chunk MKL frees is unmapped at once |
 //! | a byte count (decimal digits) | on, with that budget |
 //!
-//! Read once, at the crate's setup (on Linux when the program loads, from
-//! an ELF constructor; elsewhere at the first allocation or the first call
-//! of [`budget`]),
+//! Read once, at the crate's setup (when the program loads, from an ELF
+//! constructor on Linux or, in a Windows executable, a C runtime
+//! initialiser; elsewhere at the first allocation or the first call of
+//! [`budget`]),
 //! with libc's `getenv` (`GetEnvironmentVariableW` on Windows); any other value keeps the default, with one line
 //! on stderr. [`enable`] and [`disable`] override it.
 //!
@@ -96,7 +99,7 @@
 //! drop(v); // kept beneath MKL, not unmapped
 //! let w: Vec<f64, MklAllocator> = Vec::with_capacity_in(1 << 20, MklAllocator);
 //! if backing::state() == Backing::Active {
-//!     // (Linux: where MKL is on the crate's chunks.)
+//!     // (Linux and Windows: where MKL is on the crate's chunks.)
 //!     assert_eq!(w.as_ptr(), first); // the same, already faulted-in chunk
 //! }
 //! drop(w);
@@ -361,12 +364,14 @@ mod instance {
     }
 
     /// `pthread_atfork`'s prepare handler: holds every shard's lock.
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn lock_for_fork() {
         CACHE.lock_for_fork();
     }
 
     /// The parent's and the child's handler (`child`: recount the budget
     /// word first), releasing what [`lock_for_fork`] took.
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn unlock_after_fork(child: bool) {
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.

@@ -1,5 +1,7 @@
 //! The four hooks MKL calls (`i_malloc` & co.), and the chunk logic
-//! behind them: Linux, where chunks are anonymous mappings (`map`). The
+//! behind them: chunks are anonymous mappings on Linux, `VirtualAlloc`ed
+//! regions on Windows (`map`), where MKL's pointers are the exports of
+//! `libimalloc.dll` (`set_mkl_pointers`). The
 //! rules of the parent module apply: nothing here allocates through the
 //! global allocator or calls MKL.
 
@@ -20,8 +22,13 @@ static PREV_CALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 static PREV_REALLOC: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 static PREV_FREE: AtomicPtr<()> = AtomicPtr::new(ptr::null_mut());
 /// Whether the previous functions are the C library's own (then
-/// `malloc_usable_size` knows their blocks).
+/// `malloc_usable_size` knows their blocks); Linux's.
+#[cfg(not(windows))]
 static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
+/// Whether the previous functions are the process heap's (then
+/// `HeapSize` knows their blocks); Windows'.
+#[cfg(windows)]
+static PREV_IS_HEAP: AtomicBool = AtomicBool::new(false);
 
 /// Points MKL's memory functions at the hooks, once. Runs in the crate's
 /// setup, before any MKL call the setup makes.
@@ -39,55 +46,137 @@ pub(super) fn install() {
             STATE.store(3, Relaxed);
             return;
         }
-        // libmkl_rt loads libmkl_core at its first call, and the core
-        // takes `i_malloc` & co. from the first library in the global
-        // scope that defines them. A Python extension (loaded with
-        // RTLD_LOCAL) brings libmkl_rt in locally, so the core would bind
-        // its own, untouched copies (measured: no chunk served). Promoting
-        // the already-loaded libmkl_rt to the global scope, before any MKL
-        // call, makes the core bind the ones set below.
-        #[cfg(all(feature = "mkl-rt", target_os = "linux", not(miri)))]
-        // SAFETY: RTLD_NOLOAD loads nothing: it returns the library if it
-        // is loaded (it is, the crate links it) and only widens its scope;
-        // the handle is kept for the process's life.
-        unsafe {
-            libc::dlopen(
-                c"libmkl_rt.so.3".as_ptr(),
-                libc::RTLD_NOLOAD | libc::RTLD_GLOBAL | libc::RTLD_LAZY,
-            );
-        }
         // SAFETY: MKL's pointers are plain data that MKL reads at its first
-        // call, and only this thread writes them (CLAIMED); the previous
-        // values are read first, and a hook is never its own previous
-        // function (the check below). Each previous value is the C
-        // runtime's function or one that other code installed, with the
-        // same contract.
-        unsafe {
-            let m = ffi::i_malloc.unwrap_or(libc::malloc);
-            if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
+        // call, and only this thread writes them (CLAIMED).
+        match unsafe { set_mkl_pointers() } {
+            Set::Done => {}
+            Set::Already => return,
+            Set::Missing => {
+                STATE.store(3, Relaxed);
                 return;
             }
-            PREV_MALLOC.store(m as *mut (), Relaxed);
-            PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as *mut (), Relaxed);
-            PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as *mut (), Relaxed);
-            PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as *mut (), Relaxed);
-            PREV_IS_LIBC.store(
-                ffi::i_realloc
-                    .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
-                    && ffi::i_free
-                        .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
-                Relaxed,
-            );
-            ffi::i_malloc = Some(hook_malloc);
-            ffi::i_calloc = Some(hook_calloc);
-            ffi::i_realloc = Some(hook_realloc);
-            ffi::i_free = Some(hook_free);
         }
         // Whether MKL takes them shows at the first large allocation (see
         // `note_unserved`): a probe here would be an MKL allocation, after
         // which MKL refuses `MKL_Disable_Fast_MM`.
         STATE.store(1, Relaxed);
     }
+}
+
+/// What `set_mkl_pointers` did.
+enum Set {
+    /// MKL's pointers are the hooks now.
+    Done,
+    /// They were the hooks already: nothing changed.
+    Already,
+    /// There are no pointers to set (Windows without `libimalloc.dll`).
+    #[cfg_attr(not(windows), allow(dead_code))]
+    Missing,
+}
+
+/// Points MKL's four pointers at the hooks, keeping what they held as the
+/// previous functions (the C runtime's by default): Linux, where they are
+/// data symbols of MKL's.
+///
+/// # Safety
+/// No other thread writes MKL's pointers, and MKL has not read them yet
+/// (or reads the previous values: then the hooks are never called).
+#[cfg(not(windows))]
+unsafe fn set_mkl_pointers() -> Set {
+    // libmkl_rt loads libmkl_core at its first call, and the core
+    // takes `i_malloc` & co. from the first library in the global
+    // scope that defines them. A Python extension (loaded with
+    // RTLD_LOCAL) brings libmkl_rt in locally, so the core would bind
+    // its own, untouched copies (measured: no chunk served). Promoting
+    // the already-loaded libmkl_rt to the global scope, before any MKL
+    // call, makes the core bind the ones set below.
+    #[cfg(all(feature = "mkl-rt", target_os = "linux", not(miri)))]
+    // SAFETY: RTLD_NOLOAD loads nothing: it returns the library if it
+    // is loaded (it is, the crate links it) and only widens its scope;
+    // the handle is kept for the process's life.
+    unsafe {
+        libc::dlopen(
+            c"libmkl_rt.so.3".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_GLOBAL | libc::RTLD_LAZY,
+        );
+    }
+    // SAFETY: the caller's contract; the previous values are read first,
+    // and a hook is never its own previous function (the check below).
+    // Each previous value is the C runtime's function or one that other
+    // code installed, with the same contract.
+    unsafe {
+        let m = ffi::i_malloc.unwrap_or(libc::malloc);
+        if m as usize == hook_malloc as crate::ffi::IMalloc as usize {
+            return Set::Already;
+        }
+        PREV_MALLOC.store(m as *mut (), Relaxed);
+        PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as *mut (), Relaxed);
+        PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as *mut (), Relaxed);
+        PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as *mut (), Relaxed);
+        PREV_IS_LIBC.store(
+            ffi::i_realloc
+                .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
+                && ffi::i_free
+                    .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
+            Relaxed,
+        );
+        ffi::i_malloc = Some(hook_malloc);
+        ffi::i_calloc = Some(hook_calloc);
+        ffi::i_realloc = Some(hook_realloc);
+        ffi::i_free = Some(hook_free);
+    }
+    Set::Done
+}
+
+/// Windows: MKL's DLLs read the pointers exported by `libimalloc.dll`
+/// (see `ffi::IMALLOC_DLL`). If all four hold functions (set by other code
+/// before), those are the previous ones; otherwise (null, as in the
+/// build's data-only DLL and the `mkl` wheel's) the process heap's, whose
+/// blocks `HeapSize` measures (`PREV_IS_HEAP`); no C runtime's `malloc` is
+/// known to be beneath either, so there is no `PREV_IS_LIBC` here.
+///
+/// # Safety
+/// As on Linux.
+#[cfg(windows)]
+unsafe fn set_mkl_pointers() -> Set {
+    let Some(slots) = crate::sys::mkl_memory_slots() else {
+        return Set::Missing;
+    };
+    let hooks: [*mut c_void; 4] = [
+        hook_malloc as ffi::IMalloc as *mut c_void,
+        hook_calloc as ffi::ICalloc as *mut c_void,
+        hook_realloc as ffi::IRealloc as *mut c_void,
+        hook_free as ffi::IFree as *mut c_void,
+    ];
+    let heap: [*mut c_void; 4] = [
+        crate::sys::heap_malloc as ffi::IMalloc as *mut c_void,
+        crate::sys::heap_calloc as ffi::ICalloc as *mut c_void,
+        crate::sys::heap_realloc as ffi::IRealloc as *mut c_void,
+        crate::sys::heap_free as ffi::IFree as *mut c_void,
+    ];
+    // SAFETY: each slot is an exported pointer-sized variable of a module
+    // loaded for good (mkl_memory_slots), written by no other thread (the
+    // caller's contract); a non-null value there is an `i_malloc`-family
+    // function of the same contract.
+    unsafe {
+        let found = slots.map(|s| s.read());
+        if found[0] == hooks[0] {
+            return Set::Already;
+        }
+        let set = found.iter().all(|p| !p.is_null());
+        let prev = if set { found } else { heap };
+        PREV_IS_HEAP.store(!set, Relaxed);
+        for (cell, p) in [&PREV_MALLOC, &PREV_CALLOC, &PREV_REALLOC, &PREV_FREE]
+            .into_iter()
+            .zip(prev)
+        {
+            cell.store(p.cast(), Relaxed);
+        }
+        for (slot, h) in slots.into_iter().zip(hooks) {
+            slot.write(h);
+        }
+    }
+    Set::Done
 }
 
 // The previous functions. Each is called only after `install` stored it
@@ -209,20 +298,21 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
             return q.cast();
         }
     }
-    if chunk_for(n)
-        && (block_cache::covers(n) || huge_pages::applies(n))
-        && PREV_IS_LIBC.load(Relaxed)
-    {
+    // With neither policy on, the C library grows a block with `mremap`
+    // itself (from its mmap threshold up), and a move would only copy it
+    // onto fresh pages (measured: a push to 10^7 with everything off took
+    // 1.5x System's time with the move).
+    let usable = if chunk_for(n) && (block_cache::covers(n) || huge_pages::applies(n)) {
+        // SAFETY: `p` is a live block of the previous functions.
+        unsafe { prev_usable_size(p) }
+    } else {
+        None
+    };
+    if let Some(usable) = usable {
         // A block of the C runtime's growing into a chunk's size (a Vec
         // pushed past 1 MiB): moved into a chunk once, so that from here on
-        // it grows with mremap, on huge pages, and is cached when freed.
-        // With neither policy on, the C library grows it with `mremap`
-        // itself (from its mmap threshold up), and a move would only copy
-        // it onto fresh pages (measured: a push to 10^7 with everything
-        // off took 1.5x System's time with the move).
-        // SAFETY: `p` is a live block of the C library's malloc (the
-        // previous functions are libc's own), which knows its usable size.
-        let usable = unsafe { libc::malloc_usable_size(p) };
+        // it grows in place where it can, on huge pages, and is cached
+        // when freed.
         let q = new_chunk(n);
         if !q.is_null() {
             // SAFETY: distinct live blocks; `p` holds `usable` readable
@@ -236,6 +326,33 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     }
     // SAFETY: a block of the previous functions; realloc's contract.
     retry(|| unsafe { prev_realloc(p, n) })
+}
+
+/// The usable size of `p`, a live block of the previous functions, where
+/// they can tell it: glibc's `malloc_usable_size` when they are the C
+/// library's own, `HeapSize` on Windows when they are the process heap's.
+///
+/// # Safety
+/// `p` is a live block of the previous functions.
+#[inline]
+unsafe fn prev_usable_size(p: *mut c_void) -> Option<usize> {
+    #[cfg(not(windows))]
+    {
+        // SAFETY: the caller's contract; with PREV_IS_LIBC the previous
+        // functions are libc's own, whose blocks it measures.
+        PREV_IS_LIBC
+            .load(Relaxed)
+            .then(|| unsafe { libc::malloc_usable_size(p) })
+    }
+    #[cfg(windows)]
+    {
+        if !PREV_IS_HEAP.load(Relaxed) {
+            return None;
+        }
+        // SAFETY: the caller's contract; with PREV_IS_HEAP the previous
+        // functions are the process heap's.
+        unsafe { crate::sys::heap_size(p) }
+    }
 }
 
 /// A chunk for a request of `n >= MIN_CHUNK` bytes: a cached one of

@@ -29,9 +29,10 @@
 //! | `off` or `0` | off: exactly the MKL calls of a build without this module |
 //! | a byte count (decimal digits), e.g. `67108864` | blocks of at least that many bytes |
 //!
-//! The variable is read once, at the crate's setup (on Linux when the
-//! program loads, from an ELF constructor; elsewhere at the first
-//! allocation that needs the policy or the first call of [`threshold`]), with libc's `getenv` (`GetEnvironmentVariableW` on Windows; the global
+//! The variable is read once, at the crate's setup (when the program
+//! loads, from an ELF constructor on Linux or, in a Windows executable, a
+//! C runtime initialiser; elsewhere at the first allocation that needs the
+//! policy or the first call of [`threshold`]), with libc's `getenv` (`GetEnvironmentVariableW` on Windows; the global
 //! allocator must not allocate to ask); [`enable`] and [`disable`] override
 //! it at any time. Any other value keeps the default, with one line on
 //! stderr.

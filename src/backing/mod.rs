@@ -5,8 +5,9 @@
 //! workspaces), through four function pointers, `i_malloc`, `i_calloc`,
 //! `i_realloc` and `i_free` ([`ffi::i_malloc`](crate::ffi::i_malloc) & co.), the C runtime's
 //! functions by default. The crate's setup points them at the hooks below,
-//! before MKL's first call wherever it can (an ELF constructor, or the
-//! first allocation), and chains to the values it found there:
+//! before MKL's first call wherever it can (an ELF constructor, a C
+//! runtime initialiser in a Windows executable, or the first allocation),
+//! and chains to the values it found there:
 //!
 //! - a request of [`MIN_CHUNK`] (1 MiB) or more is served by a **chunk**
 //!   of the crate's: an anonymous mapping on a 2 MiB boundary (`map`),
@@ -34,6 +35,21 @@
 //! without this crate, and the block cache and huge pages do not apply.
 //! `MKL_ALLOC_BACKING=off` leaves the pointers alone.
 //!
+//! **On Windows** MKL's DLLs export no such pointers: `mkl_core.3.dll`
+//! reads them, at its first call, from the exports `i_malloc_dll` & co. of
+//! a module named `libimalloc.dll` (`ffi::IMALLOC_DLL`), if all four are
+//! set, and otherwise keeps its own functions. The build writes a
+//! data-only `libimalloc.dll` beside MKL's DLLs; the setup loads it (or
+//! the Intel runtime's own, if one is loaded or found) and sets its four
+//! pointers. Without one, the state is [`Backing::Off`]. Chunks there are
+//! `VirtualAlloc`ed regions on 2 MiB boundaries (`map_windows.rs`): a
+//! shrink decommits the tail, a growth recommits only that tail and
+//! otherwise moves by copying (Windows has no `mremap`), the cache's lazy
+//! free is `MEM_RESET`, and no huge pages are advised (Windows has no
+//! advice: large pages must be allocated as such, with a privilege). The
+//! functions beneath the hooks are the process heap's (`HeapAlloc`), or
+//! those the Intel runtime's DLL held.
+//!
 //! **Under Miri** the emulated MKL (src/ffi/miri.rs) takes its large
 //! blocks through the same four pointers, as MKL does, so the hooks, the
 //! registry and the cache run there too, on chunks of the emulated
@@ -45,18 +61,24 @@
 //! only while copying slots (no system call under it).
 
 // Under loom only the block cache's shards and the chunk table are
-// modelled (the hooks are not built), and off Linux
-// there are no chunks yet: the hooks are never installed, and the chunk
-// paths of the cache and huge pages go unused.
-#![cfg_attr(any(loom, not(target_os = "linux")), allow(dead_code, unused_imports))]
+// modelled (the hooks are not built), and off Linux and Windows there are
+// no chunks: the hooks are never installed, and the chunk paths of the
+// cache and huge pages go unused.
+#![cfg_attr(
+    any(loom, not(any(target_os = "linux", windows))),
+    allow(dead_code, unused_imports)
+)]
 
 pub mod block_cache;
 mod budget;
 pub(crate) mod chunks;
-#[cfg(all(target_os = "linux", not(loom)))]
+#[cfg(all(any(target_os = "linux", windows), not(loom)))]
 mod hooks;
 pub mod huge_pages;
 #[cfg(target_os = "linux")]
+mod map;
+#[cfg(windows)]
+#[path = "map_windows.rs"]
 mod map;
 pub(crate) mod zeroing;
 
@@ -87,8 +109,9 @@ pub enum Backing {
     /// MKL had been called before the setup set its pointers: it keeps the
     /// C runtime's functions, and none of the crate's policies apply.
     MklRanFirst,
-    /// `MKL_ALLOC_BACKING=off`, or a platform without chunks yet
-    /// (Windows): MKL runs on the C runtime's memory.
+    /// `MKL_ALLOC_BACKING=off`, a platform without chunks (neither Linux
+    /// nor Windows), or Windows without a `libimalloc.dll` to find (see
+    /// the module docs): MKL runs on its default memory functions.
     Off,
 }
 
@@ -154,14 +177,13 @@ pub(crate) fn last_chunk() -> Option<(usize, bool)> {
     (addr != 0).then_some((addr, fresh))
 }
 
-/// Points MKL's memory functions at the hooks, once: on Linux. Elsewhere
-/// (Windows, whose DLLs read `i_malloc_dll` & co., with chunks still to be
-/// mapped by `VirtualAlloc`) MKL stays on the C runtime's memory and the
-/// state is [`Backing::Off`].
+/// Points MKL's memory functions at the hooks, once: on Linux and Windows
+/// (there through `libimalloc.dll`). Elsewhere MKL stays on the C
+/// runtime's memory and the state is [`Backing::Off`].
 pub(crate) fn install() {
-    #[cfg(all(target_os = "linux", not(loom)))]
+    #[cfg(all(any(target_os = "linux", windows), not(loom)))]
     hooks::install();
-    #[cfg(any(not(target_os = "linux"), loom))]
+    #[cfg(any(not(any(target_os = "linux", windows)), loom))]
     STATE.store(3, Relaxed);
 }
 
@@ -170,30 +192,30 @@ pub(crate) fn install() {
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's that nothing uses any more.
 pub(crate) unsafe fn unmap_chunk(p: *mut u8, size: usize) {
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", windows))]
     // SAFETY: the caller's contract.
     unsafe {
         map::unmap(p, size)
     };
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(any(target_os = "linux", windows)))]
     {
-        // No chunk exists off Linux: the cache is never given one.
+        // No chunk exists elsewhere: the cache is never given one.
         let _ = (p, size);
-        unreachable!("mkl-alloc: a chunk off Linux");
+        unreachable!("mkl-alloc: a chunk on a platform without chunks");
     }
 }
 
-/// Marks a cached chunk's pages as reclaimable (`MADV_FREE`, see
-/// [`block_cache`]).
+/// Marks a cached chunk's pages as reclaimable (`MADV_FREE`, `MEM_RESET`
+/// on Windows; see [`block_cache`]).
 ///
 /// # Safety
 /// `[p, p + size)` is a chunk of the crate's whose contents nobody needs.
 pub(crate) unsafe fn lazy_free(p: *mut u8, size: usize) {
-    #[cfg(target_os = "linux")]
+    #[cfg(any(target_os = "linux", windows))]
     // SAFETY: the caller's contract.
     unsafe {
         map::lazy_free(p, size)
     };
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(any(target_os = "linux", windows)))]
     let _ = (p, size);
 }

@@ -11,12 +11,14 @@
 //! `huge_pages::status`, never from the allocation path).
 //!
 //! What differs on Windows: there is no `fork`, so no handlers are
-//! registered; the blocks MKL hands out come from the C library's heap, and
-//! large pages exist only for memory allocated with `MEM_LARGE_PAGES` by a
-//! process holding `SeLockMemoryPrivilege`, so no advice is given and the
-//! huge-page mode reads as unavailable; releasing a range to zero is a
-//! decommit and a recommit of its pages (`MEM_RESET` keeps or drops the
-//! contents at the system's choice, and does not zero).
+//! registered; large pages exist only for memory allocated with
+//! `MEM_LARGE_PAGES` by a process holding `SeLockMemoryPrivilege`, so no
+//! advice is given and the huge-page mode reads as unavailable; releasing
+//! a range to zero is a decommit and a recommit of its pages (`MEM_RESET`
+//! keeps or drops the contents at the system's choice, and does not zero).
+//! MKL's memory functions are found in `libimalloc.dll`
+//! (`mkl_memory_slots`), and the process heap serves what the hooks do
+//! not (`heap_malloc` & co.).
 
 #[cfg(unix)]
 mod unix;
@@ -35,6 +37,15 @@ pub(crate) use imp::{
 // Windows has no `fork`: the handlers exist on Unix only.
 #[cfg(unix)]
 pub(crate) use imp::at_fork;
+// Where MKL takes its memory functions from on Windows, and the process
+// heap beneath the hooks there.
+#[cfg(windows)]
+pub(crate) use imp::{
+    heap_calloc, heap_free, heap_malloc, heap_realloc, heap_size, mkl_memory_slots,
+};
+// The load-time setup's question (process.rs).
+#[cfg(all(windows, not(any(loom, miri, test))))]
+pub(crate) use imp::in_main_executable;
 
 #[cfg(all(test, not(miri)))]
 mod tests {

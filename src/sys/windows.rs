@@ -5,9 +5,14 @@ use core::ffi::{CStr, c_void};
 use windows_sys::Win32::Storage::FileSystem::WriteFile;
 use windows_sys::Win32::System::Console::{GetStdHandle, STD_ERROR_HANDLE};
 use windows_sys::Win32::System::Environment::GetEnvironmentVariableW;
+use windows_sys::Win32::System::LibraryLoader::{
+    GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS, GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+    GetModuleFileNameW, GetModuleHandleExW, GetModuleHandleW, GetProcAddress, LoadLibraryExW,
+};
 use windows_sys::Win32::System::Memory::{
-    MEM_COMMIT, MEM_DECOMMIT, MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE, VirtualAlloc,
-    VirtualFree, VirtualQuery,
+    GetProcessHeap, HEAP_ZERO_MEMORY, HeapAlloc, HeapFree, HeapReAlloc, HeapSize, MEM_COMMIT,
+    MEM_DECOMMIT, MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE, VirtualAlloc, VirtualFree,
+    VirtualQuery,
 };
 use windows_sys::Win32::System::SystemInformation::{
     GetTickCount64, GlobalMemoryStatusEx, MEMORYSTATUSEX,
@@ -90,8 +95,8 @@ pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
 
 /// No advice exists for memory already allocated: Windows backs a range
 /// with large pages only if it was allocated with `MEM_LARGE_PAGES`, by a
-/// process holding `SeLockMemoryPrivilege`, and MKL's blocks come from the
-/// C library's heap. Always `false` (nothing advised).
+/// process holding `SeLockMemoryPrivilege` (the crate's chunks are not).
+/// Always `false` (nothing advised).
 ///
 /// # Safety
 /// None needed (nothing is done); the signature is the Unix one.
@@ -105,6 +110,136 @@ pub(crate) unsafe fn advise_huge(ptr: *mut u8, len: usize) -> bool {
 /// name the Linux host's file.
 pub(crate) fn thp_enabled() -> Option<String> {
     None
+}
+
+/// The four pointers MKL takes its memory functions from on Windows (see
+/// [`ffi::IMALLOC_DLL`](crate::ffi::IMALLOC_DLL)), in `i_malloc` order:
+/// the exports of a `libimalloc.dll` already loaded, else of the one
+/// beside `mkl_rt.3.dll` (which the build provides), else of one the
+/// standard DLL search finds; loaded for good. `None` if there is none, or
+/// it lacks one of the four. Allocates nothing (the loader's own heap
+/// aside): a path on the stack.
+pub(crate) fn mkl_memory_slots() -> Option<[*mut *mut c_void; 4]> {
+    use crate::ffi::{IMALLOC_DLL, IMALLOC_SYMBOLS, MKL_RT_DLL};
+    // SAFETY: the names are NUL-terminated UTF-16 constants; looking a
+    // module up, or loading a data-only DLL (no entry point runs), changes
+    // no memory of the program's. A module handle is never freed, so the
+    // slots stay valid for the process's life.
+    unsafe {
+        let mut module = GetModuleHandleW(IMALLOC_DLL.as_ptr());
+        if module.is_null() {
+            let rt = GetModuleHandleW(MKL_RT_DLL.as_ptr());
+            let mut path = [0u16; 1024];
+            let cap = path.len() - IMALLOC_DLL.len();
+            let n = if rt.is_null() {
+                0
+            } else {
+                GetModuleFileNameW(rt, path.as_mut_ptr(), cap as u32) as usize
+            };
+            if n != 0 && n < cap {
+                let dir = path[..n]
+                    .iter()
+                    .rposition(|&u| u == u16::from(b'\\'))
+                    .map_or(0, |i| i + 1);
+                path[dir..dir + IMALLOC_DLL.len()].copy_from_slice(&IMALLOC_DLL);
+                module = LoadLibraryExW(path.as_ptr(), core::ptr::null_mut(), 0);
+            }
+        }
+        if module.is_null() {
+            module = LoadLibraryExW(IMALLOC_DLL.as_ptr(), core::ptr::null_mut(), 0);
+        }
+        if module.is_null() {
+            return None;
+        }
+        let mut slots = [core::ptr::null_mut(); 4];
+        for (slot, name) in slots.iter_mut().zip(IMALLOC_SYMBOLS) {
+            *slot = GetProcAddress(module, name.as_ptr().cast())? as *mut *mut c_void;
+        }
+        Some(slots)
+    }
+}
+
+/// Whether `addr` (code of the crate's) lies in the process's executable,
+/// not in a DLL.
+#[cfg_attr(any(loom, miri, test), allow(dead_code))] // the load-time setup's
+pub(crate) fn in_main_executable(addr: *const ()) -> bool {
+    let mut module = core::ptr::null_mut();
+    // SAFETY: with FROM_ADDRESS the name argument is an address, looked up
+    // only; UNCHANGED_REFCOUNT takes no reference; the handle is written
+    // through a valid pointer. GetModuleHandleW(null) is the executable.
+    unsafe {
+        GetModuleHandleExW(
+            GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS | GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+            addr.cast(),
+            &mut module,
+        ) != 0
+            && module == GetModuleHandleW(core::ptr::null())
+    }
+}
+
+// The process heap as `i_malloc` & co.: the functions beneath the hooks
+// where `libimalloc.dll` held none (MKL's own defaults, in mkl_core, are
+// not exported). Blocks are 16-byte aligned; MKL aligns its own on top.
+
+/// `malloc` on the process heap.
+///
+/// # Safety
+/// None beyond malloc's: the result is freed with [`heap_free`].
+pub(crate) unsafe extern "C" fn heap_malloc(n: usize) -> *mut c_void {
+    // SAFETY: the process heap is valid for the process's life.
+    unsafe { HeapAlloc(GetProcessHeap(), 0, n) }
+}
+
+/// `calloc` on the process heap: null if `a * b` overflows.
+///
+/// # Safety
+/// As [`heap_malloc`].
+pub(crate) unsafe extern "C" fn heap_calloc(a: usize, b: usize) -> *mut c_void {
+    let Some(n) = a.checked_mul(b) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: as in heap_malloc; the block is zeroed.
+    unsafe { HeapAlloc(GetProcessHeap(), HEAP_ZERO_MEMORY, n) }
+}
+
+/// `realloc` on the process heap (null `p`: a new block); null on failure,
+/// `p` then intact.
+///
+/// # Safety
+/// `p` is null or a live block of these functions.
+pub(crate) unsafe extern "C" fn heap_realloc(p: *mut c_void, n: usize) -> *mut c_void {
+    // SAFETY: the caller's contract; HeapReAlloc leaves the block as it
+    // was when it fails.
+    unsafe {
+        if p.is_null() {
+            HeapAlloc(GetProcessHeap(), 0, n)
+        } else {
+            HeapReAlloc(GetProcessHeap(), 0, p, n.max(1))
+        }
+    }
+}
+
+/// The size of `p`, a block of [`heap_malloc`] & co. (`HeapSize`), or
+/// `None` if the heap cannot tell.
+///
+/// # Safety
+/// `p` is a live block of these functions.
+pub(crate) unsafe fn heap_size(p: *mut c_void) -> Option<usize> {
+    // SAFETY: the caller's contract; HeapSize only reads the heap's
+    // bookkeeping of the block.
+    let n = unsafe { HeapSize(GetProcessHeap(), 0, p) };
+    (n != usize::MAX).then_some(n)
+}
+
+/// `free` on the process heap (null: nothing).
+///
+/// # Safety
+/// `p` is null or a live block of these functions, freed once.
+pub(crate) unsafe extern "C" fn heap_free(p: *mut c_void) {
+    if !p.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { HeapFree(GetProcessHeap(), 0, p) };
+    }
 }
 
 /// Writes `msg` to the standard error handle with one `WriteFile`: no

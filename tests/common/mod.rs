@@ -78,3 +78,17 @@ pub fn pattern_vec(len: usize, byte: impl Fn(u8) -> u8) -> Vec<u8> {
     }
     v
 }
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// One test at a time among the tests of MKL's process-wide state (the
+/// block cache, MKL's counts), starting with the cache and huge pages off
+/// and empty, and a decay time no test reaches (a slow run, under valgrind
+/// say, must not see blocks decay).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    mkl_alloc::block_cache::disable();
+    mkl_alloc::huge_pages::disable();
+    mkl_alloc::block_cache::set_decay_ms(3_600_000);
+    g
+}

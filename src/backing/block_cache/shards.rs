@@ -62,6 +62,7 @@ unsafe impl Send for Slots {}
 struct Shard {
     slots: Mutex<Slots>,
     #[cfg(not(loom))]
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     fork_guard: core::cell::UnsafeCell<Option<crate::sync::MutexGuard<'static, Slots>>>,
 }
 
@@ -378,6 +379,7 @@ impl Cache {
     /// skipped if it stays locked: the interrupted code, which holds it,
     /// resumes in both processes when the handler returns.
     #[cfg(not(loom))]
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn lock_for_fork(&'static self) {
         let mine = HOLDS.get();
         for shard in &self.shards {
@@ -406,6 +408,7 @@ impl Cache {
     /// Called by the thread that called `lock_for_fork` (or, in the child,
     /// its copy), once after it.
     #[cfg(not(loom))]
+    #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) unsafe fn unlock_after_fork(&'static self, recount: bool) {
         // A shard skipped by a fork from a signal handler (no guard kept)
         // holds blocks the recount cannot see, and its thread, which
@@ -458,6 +461,7 @@ impl Cache {
 /// The lock of a shard that this thread may hold itself (see
 /// [`Cache::lock_for_fork`]): tried for about a millisecond.
 #[cfg(not(loom))]
+#[cfg_attr(windows, allow(dead_code))] // no fork on Windows
 fn try_lock_briefly(shard: &'static Shard) -> Option<crate::sync::MutexGuard<'static, Slots>> {
     for _ in 0..1000 {
         match shard.slots.try_lock() {

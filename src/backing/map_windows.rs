@@ -1,0 +1,155 @@
+//! Chunks from the system on Windows: `VirtualAlloc`ed regions on 2 MiB
+//! boundaries, given back with `VirtualFree(MEM_RELEASE)`.
+//!
+//! The same contract as Linux's `map.rs`, with what Windows offers:
+//!
+//! - **Alignment.** `VirtualAlloc` places regions on 64 KiB boundaries, so
+//!   a chunk is found as mimalloc finds an aligned one: reserve the size
+//!   plus 2 MiB, note the first 2 MiB boundary inside, release the whole
+//!   reservation, and allocate the chunk at that address; another thread
+//!   can take the range in between, so this is tried a few times.
+//! - **Resizing in place.** A shrink decommits the chunk's tail (still
+//!   reserved: `MEM_RELEASE` later frees the whole reservation, so nothing
+//!   needs recording); a growth commits the pages after the chunk again
+//!   only if they are that decommitted tail, still reserved in the same
+//!   allocation (`VirtualQuery`). Nothing else can grow in place.
+//! - **No moving.** Windows has no `mremap`: [`move_onto`] always fails,
+//!   and the caller copies.
+//! - **Lazy free** is `MEM_RESET`: the system may drop the pages' contents
+//!   instead of writing them to the paging file; they then read as
+//!   anything (not necessarily zero), which is why a cached chunk is never
+//!   taken as fresh.
+//!
+//! Fresh committed pages read as zero, as a fresh mapping does on Linux.
+
+use core::ffi::c_void;
+use core::ptr;
+
+use windows_sys::Win32::System::Memory::{
+    MEM_COMMIT, MEM_DECOMMIT, MEM_RELEASE, MEM_RESERVE, MEM_RESET, MEMORY_BASIC_INFORMATION,
+    PAGE_NOACCESS, PAGE_READWRITE, VirtualAlloc, VirtualFree, VirtualQuery,
+};
+
+use super::PAGE;
+use super::chunks::CHUNK_ALIGN;
+
+/// Attempts at taking the aligned range before giving up (another thread
+/// may reserve it between the probe's release and the allocation).
+const ATTEMPTS: usize = 4;
+
+/// `size` rounded up to whole pages; `None` past what can be mapped.
+#[inline]
+pub(crate) fn round(size: usize) -> Option<usize> {
+    let s = size.checked_add(PAGE - 1)? & !(PAGE - 1);
+    (s <= isize::MAX as usize / 2).then_some(s)
+}
+
+/// A fresh chunk of `size` bytes (a multiple of [`PAGE`]) on a
+/// [`CHUNK_ALIGN`] boundary, committed read-write, or null. Its pages read
+/// as zero.
+pub(crate) fn map(size: usize) -> *mut u8 {
+    let Some(span) = size.checked_add(CHUNK_ALIGN) else {
+        return ptr::null_mut();
+    };
+    for _ in 0..ATTEMPTS {
+        // SAFETY: a reservation at an address of the system's choice
+        // touches no existing memory.
+        let probe = unsafe { VirtualAlloc(ptr::null(), span, MEM_RESERVE, PAGE_NOACCESS) };
+        if probe.is_null() {
+            return ptr::null_mut();
+        }
+        let start = (probe as usize).next_multiple_of(CHUNK_ALIGN);
+        // SAFETY: the reservation just made, which nothing else knows of.
+        unsafe { VirtualFree(probe, 0, MEM_RELEASE) };
+        // SAFETY: a new allocation at a given address fails (null) unless
+        // the whole range is free; it changes no memory of anyone's.
+        let p = unsafe {
+            VirtualAlloc(
+                start as *const c_void,
+                size,
+                MEM_RESERVE | MEM_COMMIT,
+                PAGE_READWRITE,
+            )
+        };
+        if !p.is_null() {
+            return p.cast();
+        }
+    }
+    ptr::null_mut()
+}
+
+/// Gives the chunk back to the system: its whole reservation, including a
+/// tail decommitted by a shrink.
+///
+/// # Safety
+/// `[p, p + size)` is a chunk of the crate's that nothing uses any more.
+pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
+    let _ = size;
+    // SAFETY: the caller's contract: `p` is the base of a chunk's
+    // allocation (map made it), ours and unused.
+    unsafe { VirtualFree(p.cast(), 0, MEM_RELEASE) };
+}
+
+/// Resizes the chunk `p` of `old` bytes to `new` bytes (multiples of
+/// [`PAGE`]) in place: a shrink decommits the tail and always works; a
+/// growth works only into the chunk's own decommitted tail (see the module
+/// docs). Returns whether it did.
+///
+/// # Safety
+/// `[p, p + old)` is a live chunk of the crate's.
+pub(crate) unsafe fn resize_in_place(p: *mut u8, old: usize, new: usize) -> bool {
+    if new <= old {
+        if new < old {
+            // SAFETY: the chunk's own tail, given up by its owner; the
+            // range stays reserved, so nothing else can be placed there.
+            return unsafe { VirtualFree(p.add(new).cast(), old - new, MEM_DECOMMIT) } != 0;
+        }
+        return true;
+    }
+    // SAFETY: `p + old` is one past the live chunk (the caller's contract).
+    let after = unsafe { p.add(old) };
+    let mut info = MEMORY_BASIC_INFORMATION::default();
+    // SAFETY: VirtualQuery writes at most the given length into `info`.
+    let n = unsafe {
+        VirtualQuery(
+            after.cast::<c_void>(),
+            &mut info,
+            size_of::<MEMORY_BASIC_INFORMATION>(),
+        )
+    };
+    if n == 0
+        || info.AllocationBase != p.cast::<c_void>()
+        || info.State != MEM_RESERVE
+        || info.RegionSize < new - old
+    {
+        return false;
+    }
+    // SAFETY: the pages are the chunk's own reserved, uncommitted tail
+    // (the query above: the same allocation, reserved only); committing
+    // them touches no other memory.
+    !unsafe { VirtualAlloc(after.cast(), new - old, MEM_COMMIT, PAGE_READWRITE) }.is_null()
+}
+
+/// Windows cannot move pages from one range to another: always null (the
+/// caller copies; the chunk is untouched).
+///
+/// # Safety
+/// As Linux's: `[p, p + old)` is a live chunk; `[target, target + new)` is
+/// memory of the crate's that nothing uses.
+pub(crate) unsafe fn move_onto(p: *mut u8, old: usize, new: usize, target: *mut u8) -> *mut u8 {
+    let _ = (p, old, new, target);
+    ptr::null_mut()
+}
+
+/// Tells the system the contents of `[p, p + size)` are of no interest
+/// (`MEM_RESET`): it may drop the pages instead of paging them out; they
+/// stay committed and usable, their contents undefined.
+///
+/// # Safety
+/// `[p, p + size)` is a committed chunk of the crate's whose contents
+/// nobody needs.
+pub(crate) unsafe fn lazy_free(p: *mut u8, size: usize) {
+    // SAFETY: the caller's contract; MEM_RESET changes only what an unused
+    // committed range may read back (the protection argument is ignored).
+    unsafe { VirtualAlloc(p.cast::<c_void>(), size, MEM_RESET, PAGE_NOACCESS) };
+}
