@@ -3,8 +3,10 @@
 In this process mkl_alloc was imported before anything called MKL, so the
 backing is active. In subprocesses: MKL called first (through ctypes, or
 mkl-service), then mkl_alloc imported: "mkl-ran-first", with MKL's counts
-still right and nothing cached beneath MKL; and MKL_ALLOC_BACKING=off:
-"off"."""
+still right and nothing cached beneath MKL; libmkl_rt loaded first but not
+called: "active"; and MKL_ALLOC_BACKING=off: "off". Each child runs with the
+block cache and huge pages set explicitly (on, or both off: the hooks then
+take only blocks of 32 MiB and more, so the child's block is that large)."""
 
 import json
 import os
@@ -44,8 +46,9 @@ def test_backing_is_one_of_the_documented_strings():
 
 
 # The child's part after MKL's first call: import mkl_alloc, check the
-# state, then an MKLMemory of 16 MiB through its life, and print what it
-# saw as JSON for the parent's assertions (which then name the numbers).
+# state after an MKLMemory of SIZE bytes, follow the block through its life
+# (written, grown to twice SIZE, freed), and print what it saw as JSON for
+# the parent's assertions (which then name the numbers).
 AFTER_MKL = """
 import json, sys
 assert "mkl_alloc" not in sys.modules
@@ -56,14 +59,14 @@ def stat():
     return [s.allocated_bytes, s.allocated_buffers, s.cached_bytes]
 
 out = {"before": stat()}
-m = mkl_alloc.MKLMemory(16 << 20)
+m = mkl_alloc.MKLMemory(SIZE)
 out["state"] = mkl_alloc.backing()
 out["live"] = stat()
 view = memoryview(m)
-view[:: 1 << 20] = bytes(range(16))
+view[:: 1 << 20] = bytes(range(SIZE >> 20))
 del view
-m.realloc(32 << 20)
-out["kept"] = m.tobytes()[: 16 << 20 : 1 << 20] == bytes(range(16))
+m.realloc(2 * SIZE)
+out["kept"] = m.tobytes()[: SIZE : 1 << 20] == bytes(range(SIZE >> 20))
 out["grown"] = stat()
 del m
 out["after"] = stat()
@@ -100,17 +103,31 @@ mkl.get_max_threads()  # an MKL call: MKL copies its memory pointers now
 """
 
 
-def run_child(prelude, env=None):
-    script = textwrap.dedent(prelude) + AFTER_MKL
+# The crate's two policies, as each child runs: (environment, the size of
+# the child's block: one the hooks serve with a chunk under that policy).
+POLICIES = {
+    "defaults": ({"MKL_ALLOC_BLOCK_CACHE": "on", "MKL_ALLOC_HUGE_PAGES": "on"}, 16 * MiB),
+    "cache-and-huge-pages-off": (
+        {"MKL_ALLOC_BLOCK_CACHE": "off", "MKL_ALLOC_HUGE_PAGES": "off"},
+        32 * MiB,
+    ),
+}
+
+
+def run_child(prelude, policy="defaults", env=None):
+    policy_env, size = POLICIES[policy]
+    script = f"SIZE = {size}\n" + textwrap.dedent(prelude) + AFTER_MKL
     r = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **policy_env, **(env or {})},
     )
     assert r.returncode == 0, f"child failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["size"] = size
+    return out
 
 
 def expected_library():
@@ -125,18 +142,21 @@ def expected_library():
 
 
 def check_counts(out):
-    """MKL's count holds the 16 MiB block (then 32 MiB) while it lives and
-    drops back when it is freed; each is MKL's own bookkeeping within 4 KiB."""
+    """MKL's count holds the block (SIZE bytes, then twice that) while it
+    lives and drops back when it is freed, within 4 KiB of MKL's own
+    bookkeeping; the contents survive the growth."""
     before, live, grown, after = out["before"], out["live"], out["grown"], out["after"]
-    assert 16 * MiB <= live[0] - before[0] < 16 * MiB + 4096, out
+    size = out["size"]
+    assert size <= live[0] - before[0] < size + 4096, out
     assert live[1] - before[1] == 1, out
-    assert 32 * MiB <= grown[0] - before[0] < 32 * MiB + 4096, out
+    assert 2 * size <= grown[0] - before[0] < 2 * size + 4096, out
     assert grown[1] - before[1] == 1, out
     assert after[:2] == before[:2], out
     assert out["kept"], out
 
 
 @linux_only("MKL on the crate's memory is Linux-only; without it there is nothing MKL could skip")
+@pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize(
     "first",
     [
@@ -144,8 +164,8 @@ def check_counts(out):
         pytest.param(MKL_SERVICE_FIRST, id="mkl-service"),
     ],
 )
-def test_mkl_called_before_the_import_is_reported(first):
-    out = run_child(first)
+def test_mkl_called_before_the_import_is_reported(first, policy):
+    out = run_child(first, policy)
     assert out["state"] == "mkl-ran-first", out
     check_counts(out)
     # MKL never calls the crate's hooks: nothing is cached beneath it.
@@ -156,17 +176,43 @@ def test_mkl_called_before_the_import_is_reported(first):
 
 
 @linux_only("MKL on the crate's memory is Linux-only")
-def test_libmkl_rt_loaded_first_but_not_called_leaves_the_backing_active():
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_libmkl_rt_loaded_first_but_not_called_leaves_the_backing_active(policy):
     """The control for the test above: loading libmkl_rt before mkl_alloc is
     harmless; only a call into MKL before the import takes the backing away."""
-    out = run_child("CALL_MKL = False\n" + CTYPES_FIRST)
+    out = run_child("CALL_MKL = False\n" + CTYPES_FIRST, policy)
     assert out["state"] == "active", out
     check_counts(out)
-    # MKL's freed chunk is kept beneath it, outside MKL's count, until
-    # free_buffers() (unless the environment turned the block cache off).
-    if os.environ.get("MKL_ALLOC_BLOCK_CACHE", "") not in ("off", "0"):
-        assert out["after"][2] >= 32 * MiB, out
+    if policy == "defaults":
+        # MKL's freed chunk is kept beneath it, outside MKL's count, until
+        # free_buffers().
+        assert out["after"][2] >= 2 * out["size"], out
+    else:
+        for key in ("before", "live", "grown", "after"):
+            assert out[key][2] == 0, (key, out)
     assert out["emptied"][2] == 0, out
+
+
+@linux_only("MKL on the crate's memory is Linux-only")
+def test_a_block_the_hooks_leave_to_the_c_runtime_is_not_mkl_ran_first():
+    """With the block cache and huge pages off the hooks leave blocks under
+    32 MiB to the C runtime: a 16 MiB one comes back without a chunk, and
+    that alone must not read as "mkl-ran-first"."""
+    script = """
+        import mkl_alloc
+        m = mkl_alloc.MKLMemory(16 << 20)
+        print(mkl_alloc.backing())
+    """
+    env = {**os.environ, **POLICIES["cache-and-huge-pages-off"][0]}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, f"child failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    assert r.stdout.split() == ["active"], r.stdout
 
 
 def test_backing_off_in_the_environment():
