@@ -44,11 +44,13 @@ pub fn _mem_stat() -> (u64, u64, u64, u64) {
 /// - ``"unset"``: the crate's setup has not run; not seen after the import,
 ///   which runs it.
 ///
-/// The crate learns that MKL ran first when a block of 1 MiB or more that
-/// it asked MKL for (an ``MKLMemory``, or an array under the NumPy handler)
-/// comes back without a chunk: until the process has allocated one
-/// (``MKLMemory(1 << 20)`` will do), ``"active"`` means the pointers were
-/// set, not yet that MKL took them.
+/// The crate learns that MKL ran first when a block it asked MKL for (an
+/// ``MKLMemory``, or an array under the NumPy handler) comes back without
+/// a chunk although the backing would have served it with one: 1 MiB or
+/// more, or 32 MiB or more with the block cache and huge pages both off
+/// (``MKL_ALLOC_BLOCK_CACHE=off``, ``MKL_ALLOC_HUGE_PAGES=off``). Until the
+/// process has allocated such a block, ``"active"`` means the pointers
+/// were set, not yet that MKL took them.
 #[pyfunction]
 pub fn backing() -> &'static str {
     match mkl_backing::state() {
