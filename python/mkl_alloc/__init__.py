@@ -25,11 +25,13 @@ crate's ELF constructor and again at import): it reads
 functions (``i_malloc`` & co.) at the crate's backing, so that MKL's blocks
 of 1 MiB or more, mkl-service's and NumPy's through the handler alike, are
 the crate's chunks (cached, on huge pages, grown with ``mremap``), unless
-MKL was called before the extension loaded; and, on Linux, registers the
-fork handlers that keep the block cache consistent in a child, and calls
-each MKL entry point the package uses once, so that a child forked while
-other threads allocate never waits on libmkl_rt's lazy resolution. That
-call allocates and frees one small MKL block, so there mkl-service's
+MKL was called before the extension loaded (``backing()`` then says
+``"mkl-ran-first"``: import ``mkl_alloc`` before anything that calls MKL);
+and, on Linux, registers the fork handlers that keep the block cache
+consistent in a child, and calls each MKL entry point the package uses
+once, so that a child forked while other threads allocate never waits on
+libmkl_rt's lazy resolution. That call allocates and frees one small MKL
+block, so there mkl-service's
 ``disable_fast_mm()`` has to come before ``import mkl_alloc`` to take
 effect (``MKL_DISABLE_FAST_MM=1`` in the environment works either way).
 Windows has no fork, so neither is done there.
@@ -116,7 +118,7 @@ except ImportError as _e:
     _load_mkl_rt()
     from . import _native
 
-from ._native import MAX_ALIGNMENT, MKLMemory, free_buffers, peak_mem_usage
+from ._native import MAX_ALIGNMENT, MKLMemory, backing, free_buffers, peak_mem_usage
 from ._native import _mem_stat
 
 __all__ = [
@@ -125,6 +127,7 @@ __all__ = [
     "mem_stat",
     "peak_mem_usage",
     "free_buffers",
+    "backing",
     "MAX_ALIGNMENT",
     "numpy_handler",
     "set_numpy_handler",

@@ -16,6 +16,7 @@ __all__ = [
     "_mem_stat",
     "peak_mem_usage",
     "free_buffers",
+    "backing",
     "MAX_ALIGNMENT",
     "numpy_handler",
     "set_numpy_handler",
@@ -89,6 +90,9 @@ def peak_mem_usage(
     mem_const: Literal["enable", "disable", "peak_mem", "peak_mem_reset"],
 ) -> int | None: ...
 def free_buffers() -> None: ...
+def backing() -> Literal["active", "mkl-ran-first", "off", "unset"]:
+    """Whether MKL allocates from the crate's memory: "active", "mkl-ran-first"
+    (MKL was called before mkl_alloc was imported), "off" or "unset"."""
 
 # NumPy's data-memory handlers (NEP 49): "mem_handler" capsules.
 def numpy_handler(alignment: int = 64) -> CapsuleType: ...

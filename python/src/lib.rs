@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`mkl_memory`] | `MKLMemory`: MKL memory exported through the buffer protocol and DLPack, with a `realloc` refused while exports live |
 //! | [`dlpack`] | the DLPack capsules `MKLMemory.__dlpack__` returns; `_is_mkl_dlpack` |
-//! | [`memory_manager`] | `_mem_stat` (behind `mkl_alloc.mem_stat`), `peak_mem_usage`, `free_buffers`: MKL's memory manager as mkl-service exposes it |
+//! | [`memory_manager`] | `_mem_stat` (behind `mkl_alloc.mem_stat`), `peak_mem_usage`, `free_buffers`: MKL's memory manager as mkl-service exposes it; `backing`: whether MKL allocates from the crate's memory |
 //! | [`numpy_handler`] | `numpy_handler`, `set_numpy_handler`: NumPy's data on MKL memory (NEP 49) |
 //! | [`fork_gate`] | none: keeps `fork` from landing inside the MKL calls made with the interpreter detached |
 //!
@@ -45,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_manager::_mem_stat, m)?)?;
     m.add_function(wrap_pyfunction!(memory_manager::peak_mem_usage, m)?)?;
     m.add_function(wrap_pyfunction!(memory_manager::free_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_manager::backing, m)?)?;
     m.add("MAX_ALIGNMENT", MAX_ALIGN)?;
     m.add_function(wrap_pyfunction!(numpy_handler::numpy_handler, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_handler::set_numpy_handler, m)?)?;

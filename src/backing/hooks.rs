@@ -225,7 +225,7 @@ fn retry(mut f: impl FnMut() -> *mut c_void) -> *mut c_void {
 /// measured, against 40 ns for glibc's heap, which keeps such blocks up to
 /// its 32 MiB mmap ceiling).
 #[inline]
-fn chunk_for(n: usize) -> bool {
+pub(super) fn chunk_for(n: usize) -> bool {
     n >= MIN_CHUNK && (n >= MIN_UNCACHED_CHUNK || block_cache::covers(n) || huge_pages::applies(n))
 }
 

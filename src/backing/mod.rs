@@ -28,8 +28,10 @@
 //! **MKL first.** MKL copies the pointers at its first call (measured with
 //! oneMKL 2026.2: set after one `MKL_malloc`, they were never called). If
 //! MKL ran before the setup (another library called it first), the hooks
-//! are never called: the crate's first large allocation that MKL serves
-//! without a chunk shows it, and from then on
+//! are never called: the crate's first allocation that the hooks would
+//! have served with a chunk (1 MiB or more; 32 MiB or more with the block
+//! cache and huge pages both off) and that MKL serves without one shows
+//! it, and from then on
 //! [`manager::stats`](crate::manager::stats)`().backing` says
 //! [`Backing::MklRanFirst`]; MKL then runs on the C runtime's memory, as
 //! without this crate, and the block cache and huge pages do not apply.
@@ -152,12 +154,30 @@ thread_local! {
 static SERVED: AtomicBool = AtomicBool::new(false);
 
 /// Called by the allocator above when MKL served a request of `size`
-/// bytes without a chunk: if no chunk was ever served and the request was
-/// one for a chunk, MKL never calls the hooks (it ran before the setup).
+/// bytes without a chunk: if no chunk was ever served and the hooks would
+/// have served this request with one, MKL never calls the hooks (it ran
+/// before the setup). "Would have" is the hooks' own rule: with the block
+/// cache and huge pages both off they take only requests of 32 MiB and
+/// more, so a 16 MiB block from the C runtime proves nothing then. (MKL
+/// asks the hooks for `size` plus its header: at least as large, and the
+/// rule holds for every size above one it holds for.)
 #[cold]
 pub(crate) fn note_unserved(size: usize) {
-    if size >= MIN_CHUNK && !SERVED.load(Relaxed) && STATE.load(Relaxed) == 1 {
+    if STATE.load(Relaxed) == 1 && !SERVED.load(Relaxed) && hooks_take(size) {
         STATE.store(2, Relaxed);
+    }
+}
+
+/// Whether the hooks serve a request of `size` bytes with a chunk.
+#[inline]
+fn hooks_take(size: usize) -> bool {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    return hooks::chunk_for(size);
+    // No hooks: the state is never Active here, and this is not reached.
+    #[cfg(any(not(target_os = "linux"), loom))]
+    {
+        let _ = size;
+        false
     }
 }
 
