@@ -7,7 +7,7 @@
 //!
 //! Everything here may run inside the global allocator, so nothing here
 //! allocates through it: no `std::env`, no `String`, no `std::io` buffers
-//! (the one exception, [`thp_enabled`], is called only from the public
+//! (the one exception, `thp_enabled` (Unix), is called only from the public
 //! `huge_pages::status`, never from the allocation path).
 //!
 //! What differs on Windows: there is no `fork`, so no handlers are
@@ -34,9 +34,11 @@ mod windows;
 use windows as imp;
 
 pub(crate) use imp::{
-    EnvBuf, advise_huge, discard_to_zero, env_var, now_ms, physical_memory, thp_enabled,
-    write_stderr,
+    EnvBuf, advise_huge, discard_to_zero, env_var, now_ms, physical_memory, write_stderr,
 };
+// The kernel's THP mode (Windows has none: large pages instead, below).
+#[cfg(unix)]
+pub(crate) use imp::thp_enabled;
 // Windows has no `fork`: the handlers exist on Unix only.
 #[cfg(unix)]
 pub(crate) use imp::at_fork;

@@ -122,13 +122,6 @@ pub(crate) unsafe fn advise_huge(ptr: *mut u8, len: usize) -> bool {
     on_large_pages(ptr)
 }
 
-/// Windows has no transparent huge pages: always `None` (the mode reads as
-/// unavailable). Not the file's path under wine either, where it would
-/// name the Linux host's file.
-pub(crate) fn thp_enabled() -> Option<String> {
-    None
-}
-
 /// What the large-page probe ([`large_pages`]) found, encoded in one
 /// word: 0 before it ran; `ENABLED | minimum` once it enabled the
 /// privilege; `FAILED | step << 32 | error` if it could not.
