@@ -145,8 +145,15 @@ fn status_matches_the_kernel_file() {
             };
             assert_eq!(s, expect);
         }
+        Err(_) if cfg!(windows) => {
+            // Windows: large pages, or the reason there are none.
+            let why = huge_pages::unavailable_reason();
+            assert_eq!(s == Status::LargePages, why.is_none(), "{s:?}, {why:?}");
+            assert!(s == Status::LargePages || s == Status::Unavailable, "{s:?}");
+        }
         Err(_) => assert_eq!(s, Status::Unavailable),
     }
+    assert_eq!(s.is_available(), huge_pages::unavailable_reason().is_none());
     assert_eq!(Status::parse("[always] madvise never"), Status::Always);
     assert_eq!(Status::parse("always madvise never"), Status::Unavailable);
 }
@@ -553,4 +560,93 @@ fn smaps_shows_huge_pages_after_growth() {
         let (s, e) = interior(w.as_ptr().cast(), w.capacity() * 8);
         assert_eq!(anon_huge_kib(s, e), 0, "huge pages with the policy off");
     }
+}
+
+/// Windows: the status and its reason agree with the privilege check
+/// (wine's processes do not hold `SeLockMemoryPrivilege`, so under wine
+/// the reason is that one), and with the policy on an 8 MiB block, on
+/// large pages where the process may have them and on ordinary pages
+/// otherwise, keeps its bytes across growth and shrinking, is cached when
+/// freed, and is served from the cache again.
+#[cfg(windows)]
+#[test]
+fn windows_large_pages_or_the_reason_and_blocks_that_work_either_way() {
+    use mkl_alloc::backing::{self, Backing};
+    use mkl_alloc::{block_cache, huge_pages::Reason};
+
+    let _g = serial();
+    let s = huge_pages::status();
+    let why = huge_pages::unavailable_reason();
+    match why {
+        None => assert_eq!(s, Status::LargePages),
+        Some(r) => {
+            assert_eq!(s, Status::Unavailable);
+            let text = r.to_string();
+            assert!(text.contains("SeLockMemoryPrivilege"), "{text}");
+            if r == Reason::NoLockMemoryPrivilege {
+                assert!(
+                    text.contains("the process does not hold SeLockMemoryPrivilege"),
+                    "{text}"
+                );
+            }
+        }
+    }
+    if cfg!(mkl_alloc_wine) {
+        assert_eq!(why, Some(Reason::NoLockMemoryPrivilege), "under wine");
+    }
+    eprintln!(
+        "huge pages here: {s:?} ({})",
+        why.map_or("available".into(), |r| r.to_string())
+    );
+
+    huge_pages::enable(huge_pages::DEFAULT_THRESHOLD);
+    block_cache::enable(256 * MIB);
+    mkl_alloc::manager::free_buffers();
+    let before = huge_pages::advised_bytes();
+    let size = 8 * MIB;
+    let layout = Layout::from_size_align(size, 64).unwrap();
+    // SAFETY: a non-zero layout; each pointer is the live block of the
+    // layout it is resized or freed with, used until then only.
+    unsafe {
+        let p = MklAllocator.alloc(layout);
+        assert!(!p.is_null());
+        fill(p, size, 3);
+        let grown = Layout::from_size_align(3 * size, 64).unwrap();
+        let q = MklAllocator.realloc(p, layout, grown.size());
+        assert!(!q.is_null());
+        check(q, size, 3);
+        fill(q, grown.size(), 6);
+        fill(q, size, 4); // the bytes `check(_, size, 4)` reads
+        let r = MklAllocator.realloc(q, grown, size);
+        assert!(!r.is_null());
+        check(r, size, 4);
+        let z = MklAllocator.alloc_zeroed(layout);
+        assert!(!z.is_null());
+        assert!(probes(size).all(|i| z.add(i).read() == 0));
+        MklAllocator.dealloc(z, layout);
+        MklAllocator.dealloc(r, layout);
+        if backing::state() == Backing::Active {
+            assert!(block_cache::cached_bytes() >= size, "not cached");
+        }
+        // Served from the cache now: the same chunk, whatever its pages.
+        let again = MklAllocator.alloc(layout);
+        assert!(!again.is_null());
+        fill(again, size, 5);
+        check(again, size, 5);
+        let z = MklAllocator.alloc_zeroed(layout);
+        assert!(!z.is_null());
+        assert!(
+            probes(size).all(|i| z.add(i).read() == 0),
+            "a cached chunk zeroed"
+        );
+        MklAllocator.dealloc(z, layout);
+        MklAllocator.dealloc(again, layout);
+    }
+    let counted = huge_pages::advised_bytes() - before;
+    if s != Status::LargePages {
+        assert_eq!(counted, 0, "counted without large pages");
+    }
+    mkl_alloc::manager::free_buffers();
+    huge_pages::disable();
+    block_cache::enable(block_cache::default_budget());
 }

@@ -367,15 +367,11 @@ fn new_chunk(n: usize) -> *mut u8 {
         (p, got) = block_cache::take(size);
     }
     if p.is_null() {
-        p = map::map(size);
-        if p.is_null() && block_cache::cached_bytes() != 0 {
-            block_cache::empty();
-            p = map::map(size);
-        }
+        (p, got) = fresh_chunk(size);
         if p.is_null() {
             return p;
         }
-        (got, fresh) = (size, true);
+        fresh = true;
     }
     if huge_pages::applies(got) {
         if fresh {
@@ -403,6 +399,26 @@ fn new_chunk(n: usize) -> *mut u8 {
         SERVED.store(true, Relaxed);
     }
     p
+}
+
+/// A fresh mapping for a chunk of `size` bytes and its true size: on
+/// large pages where the huge-page policy applies and the system gives
+/// them (Windows: `map::map_large`, rounded up to whole large pages), else
+/// an ordinary one, tried once more after emptying the cache; null if
+/// none can be had.
+fn fresh_chunk(size: usize) -> (*mut u8, usize) {
+    if huge_pages::applies(size) {
+        let (p, got) = map::map_large(size);
+        if !p.is_null() {
+            return (p, got);
+        }
+    }
+    let mut p = map::map(size);
+    if p.is_null() && block_cache::cached_bytes() != 0 {
+        block_cache::empty();
+        p = map::map(size);
+    }
+    (p, size)
 }
 
 /// A chunk MKL freed (already out of the registry): into the cache, or
@@ -474,7 +490,14 @@ unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
     };
     let cached = !target.is_null();
     if !cached {
-        (target, size) = (map::map(new), new);
+        (target, size) = if advise {
+            map::map_large(new)
+        } else {
+            (ptr::null_mut(), 0)
+        };
+        if target.is_null() {
+            (target, size) = (map::map(new), new);
+        }
         if target.is_null() {
             return target;
         }

@@ -38,9 +38,28 @@
 //! stderr.
 //!
 //! Where THP is `never`, or the kernel refuses the advice, nothing fails: the
-//! advice is ignored and [`status`] says so. (Under `never` the kernel still
-//! accepts `MADV_HUGEPAGE` and [`advised_bytes`] counts it; without THP in the
-//! kernel the advice fails and is not counted.)
+//! advice is ignored and [`status`] says so, and [`unavailable_reason`]
+//! says why. (Under `never` the kernel still accepts `MADV_HUGEPAGE` and
+//! [`advised_bytes`] counts it; without THP in the kernel the advice fails
+//! and is not counted.)
+//!
+//! **On Windows** there is no advice: memory is on large pages only if it
+//! is allocated so (`VirtualAlloc` with `MEM_LARGE_PAGES`), by a process
+//! holding `SeLockMemoryPrivilege` (the "Lock pages in memory" user right,
+//! which an administrator grants to an account: `secpol.msc`, User Rights
+//! Assignment; it takes effect at the next logon). At the policy's first
+//! large chunk (or the first call of [`status`]) the crate enables the
+//! privilege where the process's token holds it, as mimalloc does; then
+//! [`status`] is [`Status::LargePages`] and every fresh chunk under the
+//! policy is allocated on large pages, its size rounded up to whole large
+//! pages (2 MiB), and counted in [`advised_bytes`]. Such memory is
+//! committed at once and never paged out: a shrink keeps the chunk whole,
+//! the block cache cannot let the system reclaim it (`MEM_RESET`), and
+//! lazy zeroing writes it. Where the system has no contiguous physical
+//! memory for one, the chunk is on ordinary pages, as without the
+//! privilege. Without it, [`status`] is [`Status::Unavailable`] and
+//! [`unavailable_reason`] says "the process does not hold
+//! SeLockMemoryPrivilege (Windows large pages)".
 //!
 //! ```
 //! use allocator_api2::vec::Vec;
@@ -131,7 +150,8 @@ pub fn threshold() -> Option<usize> {
 
 /// Bytes advised with `madvise(MADV_HUGEPAGE)` successfully since the
 /// process started (a block grown or allocated several times counts each
-/// time). It moves only while the policy is on and the kernel accepts the
+/// time); on Windows, bytes of the chunks on large pages, counted where
+/// Linux would advise them (mapped, taken from the cache or grown). It moves only while the policy is on and the kernel accepts the
 /// advice: the way to confirm the policy acts (whether the kernel then backs
 /// the range with huge pages is [`status`]'s question, and `AnonHugePages` in
 /// `/proc/self/smaps` shows it).
@@ -147,7 +167,8 @@ pub fn advised_bytes() -> u64 {
 }
 
 /// The kernel's transparent-huge-page mode, from
-/// `/sys/kernel/mm/transparent_hugepage/enabled`.
+/// `/sys/kernel/mm/transparent_hugepage/enabled`; on Windows, whether the
+/// process can allocate large pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Status {
     /// `always`: every large anonymous mapping may get huge pages, advised or not.
@@ -156,21 +177,28 @@ pub enum Status {
     Madvise,
     /// `never`: no huge pages; the advice is accepted and ignored.
     Never,
-    /// The file is missing or unreadable (no THP in this kernel, or not Linux).
+    /// The file is missing or unreadable (no THP in this kernel, or not
+    /// Linux); on Windows, no large pages: [`unavailable_reason`] says why.
     Unavailable,
+    /// Windows: the process holds `SeLockMemoryPrivilege`, which the crate
+    /// enabled, and the system has large pages: fresh chunks under the
+    /// policy are allocated on them (see the module docs).
+    LargePages,
 }
 
 impl Status {
-    /// Whether advised blocks can get huge pages (`Always` or `Madvise`).
+    /// Whether blocks under the policy can get huge pages (`Always` or
+    /// `Madvise`; `LargePages` on Windows).
     ///
     /// ```
     /// use mkl_alloc::huge_pages::Status;
     ///
     /// assert!(Status::Madvise.is_available());
+    /// assert!(Status::LargePages.is_available());
     /// assert!(!Status::Never.is_available());
     /// ```
     pub fn is_available(self) -> bool {
-        matches!(self, Status::Always | Status::Madvise)
+        matches!(self, Status::Always | Status::Madvise | Status::LargePages)
     }
 
     /// Parses the contents of the `enabled` file: the bracketed word
@@ -197,20 +225,122 @@ impl Status {
 }
 
 /// Reads `/sys/kernel/mm/transparent_hugepage/enabled` (each call: the
-/// administrator may change it at run time).
+/// administrator may change it at run time). On Windows: `LargePages`
+/// where the process holds `SeLockMemoryPrivilege` (the first call, or
+/// the policy's first large chunk, enables it: see the module docs), else
+/// `Unavailable`; the answer is kept for the process's life.
 ///
 /// ```
 /// use mkl_alloc::huge_pages;
 ///
 /// match huge_pages::status() {
-///     s if s.is_available() => println!("THP {s:?}: the policy can act"),
-///     s => println!("THP {s:?}: advice is ignored, nothing fails"),
+///     s if s.is_available() => println!("huge pages {s:?}: the policy can act"),
+///     s => println!("huge pages {s:?}: nothing fails, but none are used"),
 /// }
 /// ```
 pub fn status() -> Status {
-    match crate::sys::thp_enabled() {
-        Some(s) => Status::parse(&s),
-        None => Status::Unavailable,
+    #[cfg(windows)]
+    return match crate::sys::large_pages() {
+        Ok(_) => Status::LargePages,
+        Err(_) => Status::Unavailable,
+    };
+    #[cfg(not(windows))]
+    {
+        match crate::sys::thp_enabled() {
+            Some(s) => Status::parse(&s),
+            None => Status::Unavailable,
+        }
+    }
+}
+
+/// Why blocks under the policy get no huge pages in this process (see
+/// [`unavailable_reason`]); its `Display` is a sentence for the user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// Linux: `/sys/kernel/mm/transparent_hugepage/enabled` is missing or
+    /// unreadable (no transparent huge pages in this kernel).
+    NoThp,
+    /// Linux: transparent huge pages are `never`.
+    ThpNever,
+    /// Windows: the process's token does not hold `SeLockMemoryPrivilege`
+    /// (`AdjustTokenPrivileges` reported `ERROR_NOT_ALL_ASSIGNED`).
+    NoLockMemoryPrivilege,
+    /// Windows: enabling `SeLockMemoryPrivilege` failed: the call that
+    /// failed and its error code (`GetLastError`).
+    PrivilegeCallFailed {
+        /// `OpenProcessToken`, `LookupPrivilegeValueW` or
+        /// `AdjustTokenPrivileges`.
+        call: &'static str,
+        /// The system's error code.
+        error: u32,
+    },
+    /// Windows: the system has no large pages (`GetLargePageMinimum`
+    /// returned 0).
+    NoLargePages,
+    /// Neither Linux nor Windows: the crate has no huge pages there.
+    Unsupported,
+}
+
+impl core::fmt::Display for Reason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Reason::NoThp => f.write_str(
+                "no transparent huge pages: /sys/kernel/mm/transparent_hugepage/enabled is missing or unreadable",
+            ),
+            Reason::ThpNever => f.write_str(
+                "transparent huge pages are `never` (/sys/kernel/mm/transparent_hugepage/enabled): the advice is ignored",
+            ),
+            Reason::NoLockMemoryPrivilege => f.write_str(
+                "the process does not hold SeLockMemoryPrivilege (Windows large pages): grant its account \"Lock pages in memory\" (secpol.msc, User Rights Assignment) and log on again",
+            ),
+            Reason::PrivilegeCallFailed { call, error } => write!(
+                f,
+                "enabling SeLockMemoryPrivilege for Windows large pages failed: {call} returned error {error}"
+            ),
+            Reason::NoLargePages => f.write_str(
+                "the system has no large pages (GetLargePageMinimum returned 0)",
+            ),
+            Reason::Unsupported => f.write_str(
+                "huge pages are supported on Linux (transparent huge pages) and Windows (large pages) only",
+            ),
+        }
+    }
+}
+
+/// Why [`status`] is not available: `None` where blocks under the policy
+/// can get huge pages ([`Status::is_available`]), else the reason, whose
+/// `Display` says what to change. On Windows this runs the privilege check
+/// (see [`status`]).
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+///
+/// match huge_pages::unavailable_reason() {
+///     None => assert!(huge_pages::status().is_available()),
+///     Some(why) => {
+///         assert!(!huge_pages::status().is_available());
+///         println!("no huge pages: {why}");
+///     }
+/// }
+/// ```
+pub fn unavailable_reason() -> Option<Reason> {
+    #[cfg(windows)]
+    return crate::sys::large_pages().err().map(|e| match e {
+        crate::sys::LargePageError::NotHeld => Reason::NoLockMemoryPrivilege,
+        crate::sys::LargePageError::NoLargePages => Reason::NoLargePages,
+        crate::sys::LargePageError::Call(call, error) => {
+            Reason::PrivilegeCallFailed { call, error }
+        }
+    });
+    #[cfg(not(windows))]
+    {
+        match status() {
+            _ if !cfg!(target_os = "linux") => Some(Reason::Unsupported),
+            Status::Unavailable => Some(Reason::NoThp),
+            Status::Never => Some(Reason::ThpNever),
+            _ => None,
+        }
     }
 }
 

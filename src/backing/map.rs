@@ -77,6 +77,13 @@ fn raw_map(len: usize) -> *mut u8 {
     }
 }
 
+/// Large-page chunks exist on Windows only (see `map_windows.rs`): on
+/// Linux huge pages are advised instead, so there is never one here.
+#[inline(always)]
+pub(crate) fn map_large(_size: usize) -> (*mut u8, usize) {
+    (ptr::null_mut(), 0)
+}
+
 /// Gives the chunk back to the kernel.
 ///
 /// # Safety

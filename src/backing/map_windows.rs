@@ -20,14 +20,27 @@
 //!   anything (not necessarily zero), which is why a cached chunk is never
 //!   taken as fresh.
 //!
-//! Fresh committed pages read as zero, as a fresh mapping does on Linux.
+//! - **Large pages.** Where the process holds `SeLockMemoryPrivilege`
+//!   ([`crate::sys::large_pages`]), a fresh chunk under the huge-page
+//!   policy is allocated with `MEM_LARGE_PAGES` ([`map_large`]), at its
+//!   size rounded up to the large-page minimum (2 MiB on x86-64, and such
+//!   allocations are aligned to it); it is committed at once, never paged
+//!   out, and cannot be decommitted or reset: a shrink keeps it whole, the
+//!   cache does not reset it, lazy zeroing writes it (`discard_to_zero`
+//!   checks), and it grows by copying. `MEM_RELEASE` frees it as any
+//!   other. Where the system has no contiguous physical memory for one,
+//!   the chunk is an ordinary one.
+//!
+//! Fresh committed pages read as zero, large pages too, as a fresh mapping
+//! does on Linux.
 
 use core::ffi::c_void;
 use core::ptr;
 
 use windows_sys::Win32::System::Memory::{
-    MEM_COMMIT, MEM_DECOMMIT, MEM_RELEASE, MEM_RESERVE, MEM_RESET, MEMORY_BASIC_INFORMATION,
-    PAGE_NOACCESS, PAGE_READWRITE, VirtualAlloc, VirtualFree, VirtualQuery,
+    MEM_COMMIT, MEM_DECOMMIT, MEM_LARGE_PAGES, MEM_RELEASE, MEM_RESERVE, MEM_RESET,
+    MEMORY_BASIC_INFORMATION, PAGE_NOACCESS, PAGE_READWRITE, VirtualAlloc, VirtualFree,
+    VirtualQuery,
 };
 
 use super::PAGE;
@@ -78,6 +91,53 @@ pub(crate) fn map(size: usize) -> *mut u8 {
     ptr::null_mut()
 }
 
+/// The size of a large-page chunk for `size` bytes on large pages of
+/// `minimum` bytes: `size` rounded up to a whole number of them; `None`
+/// if `minimum` is not a power of two, or the result is past what can be
+/// mapped.
+#[inline]
+pub(crate) fn large_size(size: usize, minimum: usize) -> Option<usize> {
+    if !minimum.is_power_of_two() {
+        return None;
+    }
+    let s = size.checked_next_multiple_of(minimum)?;
+    (s <= isize::MAX as usize / 2).then_some(s)
+}
+
+/// A fresh chunk for `size` bytes on large pages and its true size (see
+/// [`large_size`]), on a [`CHUNK_ALIGN`] boundary, committed read-write,
+/// reading as zero; `(null, 0)` where the process cannot allocate large
+/// pages ([`crate::sys::large_pages`]) or the system has none free right
+/// now (the caller then maps an ordinary chunk).
+pub(crate) fn map_large(size: usize) -> (*mut u8, usize) {
+    let Some(size) = crate::sys::large_pages()
+        .ok()
+        .and_then(|min| large_size(size, min))
+    else {
+        return (ptr::null_mut(), 0);
+    };
+    // SAFETY: an allocation at an address of the system's choice touches
+    // no existing memory.
+    let p = unsafe {
+        VirtualAlloc(
+            ptr::null(),
+            size,
+            MEM_RESERVE | MEM_COMMIT | MEM_LARGE_PAGES,
+            PAGE_READWRITE,
+        )
+    };
+    if p.is_null() {
+        return (ptr::null_mut(), 0);
+    }
+    if p as usize % CHUNK_ALIGN != 0 {
+        // Large pages smaller than 2 MiB (none known on x86-64): not a
+        // chunk. SAFETY: the allocation just made, known to no one else.
+        unsafe { VirtualFree(p, 0, MEM_RELEASE) };
+        return (ptr::null_mut(), 0);
+    }
+    (p.cast(), size)
+}
+
 /// Gives the chunk back to the system: its whole reservation, including a
 /// tail decommitted by a shrink.
 ///
@@ -91,15 +151,19 @@ pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
 }
 
 /// Resizes the chunk `p` of `old` bytes to `new` bytes (multiples of
-/// [`PAGE`]) in place: a shrink decommits the tail and always works; a
-/// growth works only into the chunk's own decommitted tail (see the module
-/// docs). Returns whether it did.
+/// [`PAGE`]) in place: a shrink decommits the tail, except on large pages
+/// (never decommitted: `false`, the chunk whole); a growth works only into
+/// the chunk's own decommitted tail (see the module docs), which a
+/// large-page chunk never has. Returns whether it did.
 ///
 /// # Safety
 /// `[p, p + old)` is a live chunk of the crate's.
 pub(crate) unsafe fn resize_in_place(p: *mut u8, old: usize, new: usize) -> bool {
     if new <= old {
         if new < old {
+            if crate::sys::on_large_pages(p) {
+                return false;
+            }
             // SAFETY: the chunk's own tail, given up by its owner; the
             // range stays reserved, so nothing else can be placed there.
             return unsafe { VirtualFree(p.add(new).cast(), old - new, MEM_DECOMMIT) } != 0;
@@ -143,13 +207,53 @@ pub(crate) unsafe fn move_onto(p: *mut u8, old: usize, new: usize, target: *mut 
 
 /// Tells the system the contents of `[p, p + size)` are of no interest
 /// (`MEM_RESET`): it may drop the pages instead of paging them out; they
-/// stay committed and usable, their contents undefined.
+/// stay committed and usable, their contents undefined. Large pages are
+/// never paged out, so there is nothing to tell: they are left as they are.
 ///
 /// # Safety
 /// `[p, p + size)` is a committed chunk of the crate's whose contents
 /// nobody needs.
 pub(crate) unsafe fn lazy_free(p: *mut u8, size: usize) {
+    if crate::sys::on_large_pages(p) {
+        return;
+    }
     // SAFETY: the caller's contract; MEM_RESET changes only what an unused
     // committed range may read back (the protection argument is ignored).
     unsafe { VirtualAlloc(p.cast::<c_void>(), size, MEM_RESET, PAGE_NOACCESS) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_page_chunk_is_whole_large_pages() {
+        const MIB: usize = 1 << 20;
+        assert_eq!(large_size(4 * MIB, 2 * MIB), Some(4 * MIB));
+        assert_eq!(large_size(4 * MIB + PAGE, 2 * MIB), Some(6 * MIB));
+        assert_eq!(large_size(1, 2 * MIB), Some(2 * MIB));
+        assert_eq!(large_size(5 * MIB, 3 * MIB), None); // not a power of two
+        assert_eq!(large_size(5 * MIB, 0), None);
+        assert_eq!(large_size(usize::MAX - PAGE, 2 * MIB), None);
+        assert_eq!(large_size(isize::MAX as usize / 2 + 1, 2 * MIB), None);
+    }
+
+    /// Where the process holds no `SeLockMemoryPrivilege` (wine's do not),
+    /// there is no large-page chunk: the caller maps an ordinary one.
+    #[test]
+    fn without_the_privilege_no_large_page_chunk_is_made() {
+        let (p, size) = map_large(8 << 20);
+        match crate::sys::large_pages() {
+            Err(_) => assert_eq!((p, size), (ptr::null_mut(), 0)),
+            Ok(min) => {
+                if !p.is_null() {
+                    assert_eq!(p as usize % CHUNK_ALIGN, 0);
+                    assert_eq!(size % min, 0);
+                    assert!(crate::sys::on_large_pages(p));
+                    // SAFETY: the chunk just made, ours and unused.
+                    unsafe { unmap(p, size) };
+                }
+            }
+        }
+    }
 }

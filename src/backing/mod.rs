@@ -48,7 +48,9 @@
 //! shrink decommits the tail, a growth recommits only that tail and
 //! otherwise moves by copying (Windows has no `mremap`), the cache's lazy
 //! free is `MEM_RESET`, and no huge pages are advised (Windows has no
-//! advice: large pages must be allocated as such, with a privilege). The
+//! advice): where the process holds `SeLockMemoryPrivilege`, a fresh chunk
+//! under the huge-page policy is allocated on large pages instead, whole,
+//! never decommitted or reset (see [`huge_pages`]). The
 //! functions beneath the hooks are the process heap's (`HeapAlloc`), or
 //! those the Intel runtime's DLL held.
 //!

@@ -7,15 +7,18 @@
 //!
 //! Everything here may run inside the global allocator, so nothing here
 //! allocates through it: no `std::env`, no `String`, no `std::io` buffers
-//! (the one exception, [`thp_enabled`], is called only from the public
+//! (the one exception, `thp_enabled` (Unix), is called only from the public
 //! `huge_pages::status`, never from the allocation path).
 //!
 //! What differs on Windows: there is no `fork`, so no handlers are
 //! registered; large pages exist only for memory allocated with
 //! `MEM_LARGE_PAGES` by a process holding `SeLockMemoryPrivilege`, so no
-//! advice is given and the huge-page mode reads as unavailable; releasing
+//! advice is given: `large_pages` enables the privilege where it is held
+//! (and says why not otherwise), and the chunks under the huge-page policy
+//! are allocated on large pages then (`backing/map_windows.rs`); releasing
 //! a range to zero is a decommit and a recommit of its pages (`MEM_RESET`
-//! keeps or drops the contents at the system's choice, and does not zero).
+//! keeps or drops the contents at the system's choice, and does not zero),
+//! never of large pages, which are written instead (`on_large_pages`).
 //! MKL's memory functions are found in `libimalloc.dll`
 //! (`mkl_memory_slots`), and the process heap serves what the hooks do
 //! not (`heap_malloc` & co.).
@@ -31,9 +34,11 @@ mod windows;
 use windows as imp;
 
 pub(crate) use imp::{
-    EnvBuf, advise_huge, discard_to_zero, env_var, now_ms, physical_memory, thp_enabled,
-    write_stderr,
+    EnvBuf, advise_huge, discard_to_zero, env_var, now_ms, physical_memory, write_stderr,
 };
+// The kernel's THP mode (Windows has none: large pages instead, below).
+#[cfg(unix)]
+pub(crate) use imp::thp_enabled;
 // Windows has no `fork`: the handlers exist on Unix only.
 #[cfg(unix)]
 pub(crate) use imp::at_fork;
@@ -43,6 +48,9 @@ pub(crate) use imp::at_fork;
 pub(crate) use imp::{
     heap_calloc, heap_free, heap_malloc, heap_realloc, heap_size, mkl_memory_slots,
 };
+// Large pages on Windows: the privilege's probe, and which pages are large.
+#[cfg(windows)]
+pub(crate) use imp::{LargePageError, large_pages, on_large_pages};
 // The load-time setup's question (process.rs).
 #[cfg(all(windows, not(any(loom, miri, test))))]
 pub(crate) use imp::in_main_executable;

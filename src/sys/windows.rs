@@ -1,7 +1,13 @@
 //! The platform primitives on Windows: kernel32, through `windows-sys`.
 
 use core::ffi::{CStr, c_void};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use windows_sys::Win32::Foundation::{CloseHandle, ERROR_SUCCESS, GetLastError, LUID};
+use windows_sys::Win32::Security::{
+    AdjustTokenPrivileges, LUID_AND_ATTRIBUTES, LookupPrivilegeValueW, SE_LOCK_MEMORY_NAME,
+    SE_PRIVILEGE_ENABLED, TOKEN_ADJUST_PRIVILEGES, TOKEN_PRIVILEGES, TOKEN_QUERY,
+};
 use windows_sys::Win32::Storage::FileSystem::WriteFile;
 use windows_sys::Win32::System::Console::{GetStdHandle, STD_ERROR_HANDLE};
 use windows_sys::Win32::System::Environment::GetEnvironmentVariableW;
@@ -10,13 +16,17 @@ use windows_sys::Win32::System::LibraryLoader::{
     GetModuleFileNameW, GetModuleHandleExW, GetModuleHandleW, GetProcAddress, LoadLibraryExW,
 };
 use windows_sys::Win32::System::Memory::{
-    GetProcessHeap, HEAP_ZERO_MEMORY, HeapAlloc, HeapFree, HeapReAlloc, HeapSize, MEM_COMMIT,
-    MEM_DECOMMIT, MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE, VirtualAlloc, VirtualFree,
-    VirtualQuery,
+    GetLargePageMinimum, GetProcessHeap, HEAP_ZERO_MEMORY, HeapAlloc, HeapFree, HeapReAlloc,
+    HeapSize, MEM_COMMIT, MEM_DECOMMIT, MEM_PRIVATE, MEMORY_BASIC_INFORMATION, PAGE_READWRITE,
+    VirtualAlloc, VirtualFree, VirtualQuery,
+};
+use windows_sys::Win32::System::ProcessStatus::{
+    K32QueryWorkingSetEx, PSAPI_WORKING_SET_EX_INFORMATION,
 };
 use windows_sys::Win32::System::SystemInformation::{
     GetTickCount64, GlobalMemoryStatusEx, MEMORYSTATUSEX,
 };
+use windows_sys::Win32::System::Threading::{GetCurrentProcess, OpenProcessToken};
 
 /// The machine's physical memory in bytes (`GlobalMemoryStatusEx`), or
 /// `None` where it cannot tell.
@@ -44,8 +54,9 @@ pub(crate) fn now_ms() -> usize {
 /// zero, and cost a fault when touched). `MEM_RESET` would not do: it lets
 /// the system keep or drop the contents, so they need not read as zero.
 /// `false`, with the contents unchanged, unless the whole range is
-/// committed private read-write memory of one region (`VirtualQuery`),
-/// or if the decommit fails: the caller then writes the zeros itself.
+/// committed private read-write memory of one region (`VirtualQuery`)
+/// on ordinary pages (not large pages: [`on_large_pages`]), or if the
+/// decommit fails: the caller then writes the zeros itself.
 ///
 /// Between the decommit and the recommit the range is not accessible; it
 /// is the caller's, so nobody else reads it. If the recommit fails (the
@@ -69,7 +80,10 @@ pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
         )
     };
     let region_end = (info.BaseAddress as usize).saturating_add(info.RegionSize);
+    // Large pages are never decommitted (a recommit could not bring them
+    // back as large pages): their ranges are written instead.
     if n == 0
+        || on_large_pages(ptr)
         || info.State != MEM_COMMIT
         || info.Type != MEM_PRIVATE
         || info.Protect != PAGE_READWRITE
@@ -95,21 +109,200 @@ pub(crate) unsafe fn discard_to_zero(ptr: *mut u8, len: usize) -> bool {
 
 /// No advice exists for memory already allocated: Windows backs a range
 /// with large pages only if it was allocated with `MEM_LARGE_PAGES`, by a
-/// process holding `SeLockMemoryPrivilege` (the crate's chunks are not).
-/// Always `false` (nothing advised).
+/// process holding `SeLockMemoryPrivilege` (the crate's chunks under the
+/// huge-page policy are, where [`large_pages`] allows: `map_windows.rs`).
+/// Nothing is done; `true` (counted as advised) if the range starts on a
+/// large page ([`on_large_pages`]): a large-page chunk, counted each time
+/// it is mapped, taken from the cache or grown, as advice is on Linux.
 ///
 /// # Safety
 /// None needed (nothing is done); the signature is the Unix one.
 pub(crate) unsafe fn advise_huge(ptr: *mut u8, len: usize) -> bool {
-    let _ = (ptr, len);
-    false
+    let _ = len;
+    on_large_pages(ptr)
 }
 
-/// Windows has no transparent huge pages: always `None` (the mode reads as
-/// unavailable). Not the file's path under wine either, where it would
-/// name the Linux host's file.
-pub(crate) fn thp_enabled() -> Option<String> {
-    None
+/// What the large-page probe ([`large_pages`]) found, encoded in one
+/// word: 0 before it ran; `ENABLED | minimum` once it enabled the
+/// privilege; `FAILED | step << 32 | error` if it could not.
+static LARGE: AtomicU64 = AtomicU64::new(0);
+const ENABLED: u64 = 1 << 62;
+const FAILED: u64 = 2 << 62;
+
+/// The step of the large-page probe that failed, with the system's error
+/// code (`GetLastError`) where there is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LargePageError {
+    /// `AdjustTokenPrivileges` reported `ERROR_NOT_ALL_ASSIGNED`: the
+    /// process's token does not hold `SeLockMemoryPrivilege`.
+    NotHeld,
+    /// `GetLargePageMinimum` returned 0: the system has no large pages.
+    NoLargePages,
+    /// A call failed: `OpenProcessToken`, `LookupPrivilegeValueW` or
+    /// `AdjustTokenPrivileges`, and its error code.
+    Call(&'static str, u32),
+}
+
+const CALLS: [&str; 3] = [
+    "OpenProcessToken",
+    "LookupPrivilegeValueW",
+    "AdjustTokenPrivileges",
+];
+
+impl LargePageError {
+    fn encode(self) -> u64 {
+        match self {
+            LargePageError::NotHeld => FAILED | (1 << 32),
+            LargePageError::NoLargePages => FAILED | (2 << 32),
+            LargePageError::Call(name, error) => {
+                let i = CALLS.iter().position(|&c| c == name).unwrap_or(0) as u64;
+                FAILED | ((3 + i) << 32) | u64::from(error)
+            }
+        }
+    }
+
+    fn decode(word: u64) -> LargePageError {
+        match (word >> 32) & 0xFF {
+            1 => LargePageError::NotHeld,
+            2 => LargePageError::NoLargePages,
+            i => LargePageError::Call(
+                CALLS[(i as usize).saturating_sub(3).min(CALLS.len() - 1)],
+                word as u32,
+            ),
+        }
+    }
+}
+
+/// Whether this process can allocate large pages: the large-page minimum
+/// (`GetLargePageMinimum`, 2 MiB on x86-64) if it holds
+/// `SeLockMemoryPrivilege` and the privilege is now enabled, else what
+/// failed. The first call enables the privilege as mimalloc does
+/// (`OpenProcessToken`, `LookupPrivilegeValueW`, `AdjustTokenPrivileges`,
+/// which succeeds with `ERROR_NOT_ALL_ASSIGNED` when the privilege is not
+/// held: hence the check of `GetLastError`); later calls read the answer.
+/// Racing first calls each probe, with the same answer. Allocates
+/// nothing: the token's structures are on the stack.
+pub(crate) fn large_pages() -> Result<usize, LargePageError> {
+    let mut word = LARGE.load(Relaxed);
+    if word == 0 {
+        word = match probe_large_pages() {
+            Ok(min) => ENABLED | min as u64,
+            Err(e) => e.encode(),
+        };
+        LARGE.store(word, Relaxed);
+    }
+    if word & ENABLED != 0 {
+        Ok((word & !ENABLED) as usize)
+    } else {
+        Err(LargePageError::decode(word))
+    }
+}
+
+/// Whether the probe ran and enabled large pages: no probe is made.
+#[inline]
+fn large_pages_enabled() -> bool {
+    LARGE.load(Relaxed) & ENABLED != 0
+}
+
+fn probe_large_pages() -> Result<usize, LargePageError> {
+    let last = |name| {
+        // SAFETY: no preconditions.
+        LargePageError::Call(name, unsafe { GetLastError() })
+    };
+    let mut token = core::ptr::null_mut();
+    // SAFETY: the pseudo-handle of the current process needs no closing;
+    // the token handle is written through a valid pointer.
+    if unsafe {
+        OpenProcessToken(
+            GetCurrentProcess(),
+            TOKEN_ADJUST_PRIVILEGES | TOKEN_QUERY,
+            &mut token,
+        )
+    } == 0
+    {
+        return Err(last(CALLS[0]));
+    }
+    let mut luid = LUID::default();
+    // SAFETY: a NUL-terminated UTF-16 constant, the LUID written through a
+    // valid pointer; null is the local system.
+    let result =
+        if unsafe { LookupPrivilegeValueW(core::ptr::null(), SE_LOCK_MEMORY_NAME, &mut luid) } == 0
+        {
+            Err(last(CALLS[1]))
+        } else {
+            let privileges = TOKEN_PRIVILEGES {
+                PrivilegeCount: 1,
+                Privileges: [LUID_AND_ATTRIBUTES {
+                    Luid: luid,
+                    Attributes: SE_PRIVILEGE_ENABLED,
+                }],
+            };
+            // SAFETY: the token was opened with TOKEN_ADJUST_PRIVILEGES; the new
+            // state is a valid TOKEN_PRIVILEGES on the stack; no previous state
+            // is asked for (null, length 0).
+            let ok = unsafe {
+                AdjustTokenPrivileges(
+                    token,
+                    0,
+                    &privileges,
+                    0,
+                    core::ptr::null_mut(),
+                    core::ptr::null_mut(),
+                )
+            } != 0;
+            // SAFETY: no preconditions; read right after the call.
+            let error = unsafe { GetLastError() };
+            if !ok {
+                Err(LargePageError::Call(CALLS[2], error))
+            } else if error != ERROR_SUCCESS {
+                // ERROR_NOT_ALL_ASSIGNED: the token does not hold it.
+                Err(LargePageError::NotHeld)
+            } else {
+                // SAFETY: no preconditions.
+                match unsafe { GetLargePageMinimum() } {
+                    0 => Err(LargePageError::NoLargePages),
+                    min => Ok(min),
+                }
+            }
+        };
+    // SAFETY: the token handle opened above, closed once.
+    unsafe { CloseHandle(token) };
+    result
+}
+
+/// Whether the page at `p` is a large page (`QueryWorkingSetEx`: valid
+/// and `LargePage`; large pages are never paged out, so always valid).
+/// Asks the system only once the probe enabled large pages in this
+/// process ([`large_pages_enabled`]): before that the crate made none, and
+/// the answer is `false` at the cost of one load.
+pub(crate) fn on_large_pages(p: *mut u8) -> bool {
+    if !large_pages_enabled() {
+        return false;
+    }
+    let mut info = PSAPI_WORKING_SET_EX_INFORMATION {
+        VirtualAddress: p.cast(),
+        ..PSAPI_WORKING_SET_EX_INFORMATION::default()
+    };
+    // SAFETY: one entry on the stack, of the length given; the call only
+    // reads the process's page tables.
+    let ok = unsafe {
+        K32QueryWorkingSetEx(
+            GetCurrentProcess(),
+            (&raw mut info).cast(),
+            size_of::<PSAPI_WORKING_SET_EX_INFORMATION>() as u32,
+        )
+    } != 0;
+    // SAFETY: every bit pattern of the union's word is a valid usize.
+    let flags = unsafe { info.VirtualAttributes.Flags };
+    ok && large_page_bits(flags)
+}
+
+/// Whether a `PSAPI_WORKING_SET_EX_BLOCK` word says valid (bit 0) and
+/// large page (bit 23: after Valid 1, ShareCount 3, Win32Protection 11,
+/// Shared 1, Node 6 and Locked 1).
+#[inline]
+const fn large_page_bits(flags: usize) -> bool {
+    (flags & 1) != 0 && (flags & (1 << 23)) != 0
 }
 
 /// The four pointers MKL takes its memory functions from on Windows (see
@@ -318,4 +511,32 @@ pub(crate) fn env_var<'a>(name: &CStr, buf: &'a mut EnvBuf) -> &'a [u8] {
         *b = u as u8;
     }
     &buf.bytes[..n]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_probe_round_trips_through_its_word() {
+        for e in [
+            LargePageError::NotHeld,
+            LargePageError::NoLargePages,
+            LargePageError::Call("OpenProcessToken", 5),
+            LargePageError::Call("LookupPrivilegeValueW", 1313),
+            LargePageError::Call("AdjustTokenPrivileges", u32::MAX),
+        ] {
+            let word = e.encode();
+            assert_eq!(word & ENABLED, 0);
+            assert_eq!(LargePageError::decode(word), e);
+        }
+    }
+
+    #[test]
+    fn the_large_page_bit_needs_a_valid_page() {
+        assert!(large_page_bits(1 | 1 << 23));
+        assert!(!large_page_bits(1 << 23)); // not valid: the bit means nothing
+        assert!(!large_page_bits(1 | 1 << 22)); // locked, small
+        assert!(!large_page_bits(0));
+    }
 }
