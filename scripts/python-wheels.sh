@@ -135,8 +135,9 @@ if [ -n "$windows" ]; then
   imports=$(x86_64-w64-mingw32-objdump -p "$stage/win-unpacked/mkl_alloc/_native.pyd" \
     | sed -n 's/^[[:space:]]*DLL Name: //p' | sort -u)
   # Beyond python3.dll and mkl_rt.3.dll: Windows' own DLLs (the Rust
-  # standard library's and the C runtime's), found on every Windows.
-  unexpected=$(grep -viE '^(python3|mkl_rt\.3|kernel32|ntdll|msvcrt|userenv|ws2_32|bcryptprimitives|api-ms-win-[a-z0-9-]+)\.dll$' <<<"$imports" || true)
+  # standard library's and the C runtime's, and advapi32 for the large-page
+  # privilege's token calls), found on every Windows.
+  unexpected=$(grep -viE '^(python3|mkl_rt\.3|kernel32|ntdll|msvcrt|userenv|ws2_32|bcryptprimitives|advapi32|api-ms-win-[a-z0-9-]+)\.dll$' <<<"$imports" || true)
   if [ -n "$unexpected" ] || ! grep -qx 'python3.dll' <<<"$imports" || ! grep -qx 'mkl_rt.3.dll' <<<"$imports"; then
     echo "_native.pyd imports $(tr '\n' ' ' <<<"$imports"): expected python3.dll (abi3), mkl_rt.3.dll and Windows' own DLLs" >&2
     exit 1
