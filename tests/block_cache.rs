@@ -753,13 +753,7 @@ fn run_alone(name: &str, wrapper: &[&str], env: &[(&str, &str)]) -> (bool, Strin
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success() && text.contains("1 passed"), text)
+    common::child_passed(&cmd.output().unwrap())
 }
 
 /// An allocation that fails while the cache holds memory empties the cache

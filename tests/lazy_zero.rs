@@ -3,6 +3,8 @@
 //! on huge pages, partial first and last pages included; and an untouched
 //! zeroed block adds (almost) nothing to the resident set.
 
+mod common;
+
 use core::alloc::{GlobalAlloc, Layout};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -260,12 +262,8 @@ fn zeroed_blocks_read_as_zero_on_a_hugetlb_heap() {
         );
         return;
     };
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    let (passed, text) = common::child_passed(&out);
+    assert!(passed, "{text}");
 }
 
 #[test]

@@ -92,3 +92,14 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     mkl_alloc::block_cache::set_decay_ms(3_600_000);
     g
 }
+
+/// Whether a child run of one test binary (`--exact NAME --ignored`)
+/// passed its one test, with its stdout and stderr for the message.
+pub fn child_passed(out: &std::process::Output) -> (bool, String) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success() && text.contains("1 passed"), text)
+}
