@@ -118,11 +118,12 @@ except ImportError as _e:
     _load_mkl_rt()
     from . import _native
 
-from ._native import MAX_ALIGNMENT, MKLMemory, backing, free_buffers, peak_mem_usage
+from ._native import MAX_ALIGNMENT, MKLMemory, SizeOverflowError, backing, free_buffers, peak_mem_usage
 from ._native import _mem_stat
 
 __all__ = [
     "MKLMemory",
+    "SizeOverflowError",
     "MemStat",
     "mem_stat",
     "peak_mem_usage",

@@ -21,10 +21,16 @@ __all__ = [
     "numpy_handler",
     "set_numpy_handler",
     "_is_mkl_dlpack",
+    "SizeOverflowError",
 ]
 
 MAX_ALIGNMENT: Final[int]
 """The largest alignment MKLMemory accepts: 2**30."""
+
+class SizeOverflowError(OverflowError, MemoryError):
+    """A size past Py_ssize_t (2**63 bytes or more) asked of MKLMemory or its
+    realloc: an OverflowError, as mkl-service raises for it, and a
+    MemoryError, as no block can be that large."""
 
 # A native class with its own instance layout: it cannot be a second base
 # beside another such class (PEP 800).

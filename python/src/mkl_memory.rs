@@ -98,10 +98,46 @@ fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     count_arg(value, what, "the size", " byte")
 }
 
+/// A size past `Py_ssize_t` (2**63 and above): [`SizeOverflowError`], both
+/// the `OverflowError` mkl-service raises there (its `Py_ssize_t` argument
+/// conversion) and the `MemoryError` this package raised before, so code
+/// catching either goes on working.
 fn too_big(what: &str, value: &Bound<'_, PyAny>) -> PyErr {
-    PyMemoryError::new_err(format!(
-        "{what}: cannot allocate {value} bytes: more than any block can hold (isize::MAX)"
-    ))
+    let message =
+        format!("{what}: cannot allocate {value} bytes: more than any block can hold (isize::MAX)");
+    match size_overflow_error(value.py()) {
+        Ok(ty) => PyErr::from_type(ty.clone(), message),
+        Err(e) => e,
+    }
+}
+
+/// `mkl_alloc.SizeOverflowError`, made once: a class with two built-in
+/// bases cannot be declared with PyO3's `create_exception!` (one base), so
+/// it is `type(name, (OverflowError, MemoryError), namespace)`, whose
+/// instances have BaseException's layout, which both bases share.
+pub(crate) fn size_overflow_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TYPE.get_or_try_init(py, || {
+        let builtins = py.import("builtins")?;
+        let bases = PyTuple::new(
+            py,
+            [builtins.getattr("OverflowError")?, builtins.getattr("MemoryError")?],
+        )?;
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "mkl_alloc")?;
+        namespace.set_item(
+            "__doc__",
+            "A size past Py_ssize_t (2**63 bytes or more) asked of MKLMemory or its \
+             realloc: an OverflowError, as mkl-service raises for it, and a MemoryError, \
+             as no block can be that large.",
+        )?;
+        let ty = builtins
+            .getattr("type")?
+            .call1(("SizeOverflowError", bases, namespace))?
+            .cast_into::<PyType>()?;
+        Ok(ty.unbind())
+    })
+    .map(|ty| ty.bind(py))
 }
 
 /// An alignment from a Python integer (see [`integral`]): a power of two in

@@ -366,3 +366,80 @@ def test_refcheck_is_keyword_only():
         m.realloc(32, False)
     m.realloc(32, refcheck=True)
     assert m.size == 32
+
+
+# --- the reference rule against NumPy's, shape by shape -----------------------
+# Each shape is a small program, exec'd in a fresh namespace as a module's
+# top level runs (a global is the namespace's entry), doing `x.METHOD(ARG)`
+# on a fresh object: an MKLMemory (realloc) or a NumPy array (resize). The
+# expected outcome per version: True where the call goes through.
+SHAPES = {
+    "module level": ("x = NEW\nx.METHOD(64)\n", True, False),
+    "module level, aliased": ("x = NEW\nz = x\nx.METHOD(64)\n", False, False),
+    "function, assigned and called on one line": (
+        "def f():\n    x = NEW; x.METHOD(64)\nf()\n", True, False),
+    "function, a later use": (
+        "def f():\n    x = NEW\n    x.METHOD(64)\n    return x\nf()\n", True, True),
+    "function, a conditional argument": (
+        "def f(c=True):\n    x = NEW\n    x.METHOD(64 if c else 128)\n    return x\nf()\n",
+        True, False),
+    "function, inside try": (
+        "def f():\n    x = NEW\n    try:\n        x.METHOD(64)\n    finally:\n        pass\n"
+        "    return x\nf()\n", True, True),
+    "function, aliased": (
+        "def f():\n    x = NEW\n    z = x\n    x.METHOD(64)\n    return z\nf()\n", False, False),
+    "closure's variable": (
+        "def f():\n    x = NEW\n    def g():\n        return x\n    x.METHOD(64)\n    return g\nf()\n",
+        True, False),
+}
+
+
+def _goes_through(code, new, method):
+    program = code.replace("NEW", new).replace("METHOD", method)
+    try:
+        exec(compile(program, "<shape>", "exec"), {"np": np, "MKLMemory": MKLMemory})
+    except ValueError as e:
+        assert "referenced" in str(e), e
+        return False
+    return True
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_realloc_decides_as_numpy_resize_and_as_each_version_rules(shape):
+    """MKLMemory.realloc and ndarray.resize agree in every shape, and both
+    follow this version's rule: before 3.14 a count above 2 is refused;
+    from 3.14 anything not uniquely referenced, so a global, a closure's
+    variable and the locals the compiler loads with a strong reference
+    (one line's store and load fused, a conditional in the arguments) are
+    refused where a borrowed local goes through."""
+    code, before_3_14, from_3_14 = SHAPES[shape]
+    ours = _goes_through(code, "MKLMemory(8)", "realloc")
+    numpy = _goes_through(code, "np.zeros(1)", "resize")
+    assert ours == numpy, f"{shape}: MKLMemory.realloc {ours}, ndarray.resize {numpy}"
+    assert ours == (from_3_14 if FROM_3_14 else before_3_14), (shape, sys.version_info)
+
+
+# --- sizes past Py_ssize_t ----------------------------------------------------
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda: MKLMemory(2**63), id="MKLMemory(2**63)"),
+        pytest.param(lambda: MKLMemory(2**63, 1), id="MKLMemory(2**63, 1)"),
+        pytest.param(lambda: MKLMemory(1, 2**64), id="MKLMemory(1, 2**64)"),
+        pytest.param(lambda: MKLMemory(16).realloc(2**64), id="realloc(2**64)"),
+    ],
+)
+def test_a_size_past_py_ssize_t_is_the_seeds_overflow_error_and_a_memory_error(call):
+    # The seed converts its sizes to Py_ssize_t: OverflowError. This package
+    # said MemoryError: the error is both, so code catching either still does.
+    with pytest.raises(OverflowError, match="more than any block can hold") as info:
+        call()
+    assert isinstance(info.value, MemoryError)
+    assert type(info.value) is mkl_alloc.SizeOverflowError
+
+
+def test_a_size_within_py_ssize_t_that_mkl_cannot_give_is_a_memory_error_only():
+    # As the seed: MKL_malloc fails, MemoryError, no OverflowError.
+    with pytest.raises(MemoryError) as info:
+        MKLMemory(2**63 - 1)
+    assert not isinstance(info.value, OverflowError)
