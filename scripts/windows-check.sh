@@ -79,8 +79,12 @@ cargo test --target "$triple" "${features[@]}" --tests --no-fail-fast "$@" 2>&1 
 step "the doctests, under wine"
 # The tests' folder of links (the same features build the same one): its
 # libimalloc.dll puts the doctests' MKL on the backing too.
-links=$(ls -td target/"$triple"/debug/build/mkl-alloc-*/out/mkl-lib | head -1)
-export MKL_ALLOC_WINE_DLLS="$MKL_ALLOC_WINE_DLLS:$PWD/$links"
+# Cargo's target folder, as cargo itself resolves it: target/, or the
+# caller's CARGO_TARGET_DIR (or a config's build.target-dir).
+target_dir=$(cargo metadata --no-deps --format-version 1 \
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+links=$(ls -td "$target_dir/$triple"/debug/build/mkl-alloc-*/out/mkl-lib | head -1)
+export MKL_ALLOC_WINE_DLLS="$MKL_ALLOC_WINE_DLLS:$links"
 cargo test --target "$triple" "${features[@]}" --doc "$@" 2>&1 | tee "$work/doctest.log"
 
 # The build script as a Windows program (after the tests, whose build
