@@ -40,7 +40,10 @@ def main() -> None:
     else:
         raise AssertionError("realloc allowed while a NumPy view is alive")
     del a
-    m.realloc(16 * 1000)  # contents kept, new bytes zero, still aligned
+    # refcheck=False: `m` is this function's alone, but CPython 3.14 and
+    # later cannot always tell a local from another holder (NumPy's
+    # ndarray.resize refuses the same); the export check above still runs.
+    m.realloc(16 * 1000, refcheck=False)  # contents kept, new bytes zero, still aligned
     assert m._pointer % 4096 == 0
 
     # The buffer protocol directly, and DLPack.

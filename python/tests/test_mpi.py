@@ -25,6 +25,11 @@ RANKS = 4
 # matters: an export lives exactly as long as mpi4py needs the buffer (the
 # call, or a nonblocking request until it completes), never longer, so
 # realloc works right after and is refused while a request is pending.
+# The blocks are held by the rank program's module alone, which CPython 3.14
+# and later cannot tell from another holder (realloc's reference check then
+# refuses, "may be referenced ... false positive", as NumPy's resize does):
+# every realloc passes refcheck=False, which skips only that check; the
+# export check, what this program is about, still runs.
 RANK_PROGRAM = r"""
 import numpy as np
 from mpi4py import MPI
@@ -54,7 +59,7 @@ for alignment in (64, 4096):
     assert block.exports == 1
     del x
     assert block.exports == 0
-    block.realloc(16 * 1000)
+    block.realloc(16 * 1000, refcheck=False)
     assert block.tobytes()[: 8 * 1000] == (np.arange(1000.0) * triangle).tobytes()
     assert block._pointer % alignment == 0
 
@@ -78,7 +83,7 @@ m = MKLMemory(pattern if rank == 0 else 4096, alignment=256)
 comm.Bcast(m, root=0)
 assert m.exports == 0
 assert m.tobytes() == pattern
-m.realloc(1 << 22)
+m.realloc(1 << 22, refcheck=False)
 assert m.tobytes()[:4096] == pattern and m._pointer % 256 == 0
 
 # Point to point, both buffers MKLMemory: a ring.
@@ -87,7 +92,7 @@ dst = MKLMemory(1000)
 comm.Sendrecv(src, dest=(rank + 1) % size, recvbuf=dst, source=(rank - 1) % size)
 assert dst.tobytes() == bytes([(rank - 1) % size]) * 1000
 assert src.exports == dst.exports == 0
-dst.realloc(2000)
+dst.realloc(2000, refcheck=False)
 
 # Nonblocking: the request holds the export until it completes, so realloc
 # is refused while MPI may still write the block.
@@ -95,14 +100,14 @@ n = MKLMemory(pattern if rank == 0 else 4096)
 request = comm.Ibcast(n, root=0)
 assert n.exports == 1
 try:
-    n.realloc(8192)
+    n.realloc(8192, refcheck=False)
 except BufferError:
     pass
 else:
     raise AssertionError("realloc allowed while an Ibcast request is pending")
 request.Wait()
 assert n.exports == 0 and n.tobytes() == pattern
-n.realloc(8192)
+n.realloc(8192, refcheck=False)
 
 print(f"rank {rank}: ok")
 """
@@ -136,13 +141,18 @@ def test_mpi_example_runs_on_4_ranks(tmp_path):
     assert "4 ranks: Allreduce, Bcast and realloc on MKL memory: ok" in out, out
 
 
-def readme_mpi_blocks():
-    text = (PYTHON_DIR / "README.md").read_text()
+def docs_mpi_blocks():
+    """The MPI example of docs/python.md (python/README.md links it), where
+    this is a checkout (an sdist holds only the package)."""
+    doc = PYTHON_DIR.parent / "docs" / "python.md"
+    text = doc.read_text() if doc.exists() else ""
     return [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "mpi4py" in b]
 
 
-def test_readme_mpi_example_runs_on_4_ranks(tmp_path):
-    (block,) = readme_mpi_blocks()
+@pytest.mark.skipif(not (PYTHON_DIR.parent / "docs" / "python.md").exists(),
+                    reason="docs/ is the repository's, not in an sdist")
+def test_docs_mpi_example_runs_on_4_ranks(tmp_path):
+    (block,) = docs_mpi_blocks()
     script = tmp_path / "readme_mpi.py"
     script.write_text(block)
     mpiexec(script, tmp_path)

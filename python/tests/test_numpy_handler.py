@@ -9,10 +9,9 @@ import subprocess
 import sys
 import threading
 
-import mkl  # mkl-service
 import numpy as np
 import pytest
-from conftest import huge_page_threshold
+from conftest import huge_page_threshold, mkl_service
 
 import mkl_alloc
 from mkl_alloc import (
@@ -29,6 +28,7 @@ except ImportError:  # NumPy 1.x
     from numpy.core.multiarray import get_handler_name
 
 MiB = 1 << 20
+mkl = mkl_service()  # mkl-service, or the same questions through ctypes on 3.15
 ALIGNMENTS = [1 << k for k in range(6, 22)]  # 64 .. 2 MiB
 
 

@@ -1,17 +1,19 @@
 """One MKL per process: MKLMemory, mkl-service and the module functions all
 see the `mkl` wheel's libmkl_rt.so.3 (the extension links it through its
-RUNPATH and bundles no copy)."""
+RUNPATH and bundles no copy). Where mkl-service has no wheel (CPython 3.15),
+the same questions go to that libmkl_rt through ctypes (conftest.MklRt)."""
 
 import os
 import sys
 
-import mkl  # mkl-service, a dependency of the package
 import pytest
 
 import mkl_alloc
+from conftest import mkl_service
 from mkl_alloc import MKLMemory
 
 MiB = 1 << 20
+mkl = mkl_service()
 # MKL counts each block with its own bookkeeping (88 bytes were observed).
 OVERHEAD = 4096
 
