@@ -38,7 +38,7 @@ use crate::allocator::{Blocks, allocator_impls, raw_alloc, raw_alloc_zeroed, raw
 /// ```
 pub const SPLIT_MAX_SMALL_ALIGN: usize = 16;
 
-/// The default threshold of [`MklSplitAllocator`]: layouts of at least this
+/// The default threshold of [`MklSplitAllocator`](struct@MklSplitAllocator): layouts of at least this
 /// many bytes go to MKL.
 ///
 /// Chosen from measurements on the development machine (2-core Xeon, glibc;
