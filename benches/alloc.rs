@@ -45,7 +45,7 @@ fn alloc_free_group(c: &mut Criterion) {
         g.bench_with_input(
             BenchmarkId::new("MklSplitAllocator", &name),
             &layout,
-            |b, &l| b.iter(|| alloc_free(&MklSplitAllocator::<4096>, l, 1)),
+            |b, &l| b.iter(|| alloc_free(&MklSplitAllocator, l, 1)),
         );
         g.bench_with_input(BenchmarkId::new("System", &name), &layout, |b, &l| {
             b.iter(|| alloc_free(&std::alloc::System, l, 1))
@@ -74,7 +74,7 @@ fn vec_growth_group(c: &mut Criterion) {
             b.iter(|| black_box(vec_growth(MklAllocator, n)))
         });
         g.bench_with_input(BenchmarkId::new("MklSplitAllocator", &id), &n, |b, &n| {
-            b.iter(|| black_box(vec_growth(MklSplitAllocator::<4096>, n)))
+            b.iter(|| black_box(vec_growth(MklSplitAllocator, n)))
         });
         g.bench_with_input(BenchmarkId::new("System", &id), &n, |b, &n| {
             b.iter(|| black_box(vec_growth(ViaGlobal(std::alloc::System), n)))
@@ -97,7 +97,7 @@ fn hashbrown_group(c: &mut Criterion) {
         b.iter(|| hashbrown_insert(MklAllocator, n))
     });
     g.bench_with_input(BenchmarkId::new("MklSplitAllocator", n), &n, |b, &n| {
-        b.iter(|| hashbrown_insert(MklSplitAllocator::<4096>, n))
+        b.iter(|| hashbrown_insert(MklSplitAllocator, n))
     });
     g.finish();
 }

@@ -1,6 +1,7 @@
 //! Criterion group 5 of issue 4: the whole-program workload
 //! (`examples/workload/common.rs`), one binary per global allocator
-//! (System, mimalloc, MklAllocator, MklSplitAllocator), run as child
+//! (System, mimalloc, MklAllocator, MklSplitAllocator, the split over
+//! mimalloc and over jemalloc), run as child
 //! processes; the time measured is the one each child reports for its
 //! workload (process start-up excluded). Peak RSS is reported by
 //! `cargo run --release --example perf`, not here.
@@ -62,6 +63,8 @@ fn workload_group(c: &mut Criterion) {
         ("workload_mimalloc", "mimalloc"),
         ("workload_mkl", "MklAllocator"),
         ("workload_split", "MklSplitAllocator"),
+        ("workload_split_mimalloc", "MklSplitAllocator over mimalloc"),
+        ("workload_split_jemalloc", "MklSplitAllocator over jemalloc"),
     ] {
         let Some(bin) = binary(name) else {
             eprintln!(

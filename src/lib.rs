@@ -3,9 +3,10 @@
 //! - [`MklAllocator`]: `GlobalAlloc` and allocator-api2's `Allocator` on
 //!   `MKL_malloc` / `MKL_calloc` / `MKL_realloc` / `MKL_free`; every block is
 //!   aligned to at least 64 bytes.
-//! - [`MklSplitAllocator`]: a size-split allocator for `#[global_allocator]`:
+//! - [`MklSplitAllocator`](struct@MklSplitAllocator): a size-split allocator for `#[global_allocator]`:
 //!   small blocks (under 4 KiB by default, alignment at most 16) from the
-//!   system allocator, all others from MKL aligned to 64 bytes.
+//!   system allocator, or from any other (`MklSplitAllocator::over(MiMalloc)`),
+//!   all others from MKL aligned to 64 bytes.
 //! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
 //! - [`backing`]: beneath MKL, the memory MKL draws on. MKL's memory
 //!   functions (`i_malloc` & co.) are the crate's: every MKL block of

@@ -1,5 +1,6 @@
-//! [`MklSplitAllocator`]: small blocks from the system allocator, large or
-//! over-aligned blocks from MKL.
+//! [`MklSplitAllocator`]: small blocks from another allocator (the system
+//! allocator by default, or any `GlobalAlloc`: mimalloc, jemalloc), large
+//! or over-aligned blocks from MKL.
 //!
 //! MKL's memory manager is built for numeric buffers. For the small objects
 //! most programs are made of it is the wrong tool: measured on the 2-core
@@ -10,7 +11,8 @@
 //! The split allocator routes each layout to the allocator that serves it
 //! best, so it can be the whole program's `#[global_allocator]` without the
 //! small-object tax, and every large buffer still comes from MKL aligned to
-//! 64 bytes.
+//! 64 bytes. The small side is a type parameter: a program that already
+//! runs on mimalloc or jemalloc keeps their speed on its small objects.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr;
@@ -20,21 +22,23 @@ use crate::MklAllocator;
 use crate::allocator::{Blocks, allocator_impls, raw_alloc, raw_alloc_zeroed, raw_free};
 
 /// The largest alignment a layout may ask for and still be served by the
-/// system allocator: what glibc's `malloc` gives every block on 64-bit
-/// targets, so `System` serves such blocks with plain `malloc` (it falls
-/// back to `posix_memalign` only for a block smaller than its alignment).
+/// small side: what glibc's `malloc` gives every block on 64-bit targets,
+/// so `System` serves such blocks with plain `malloc` (it falls back to
+/// `posix_memalign` only for a block smaller than its alignment). The rule
+/// is the same whatever the small side: which blocks are MKL's depends on
+/// the layout alone.
 ///
 /// ```
 /// use core::alloc::Layout;
 /// use mkl_alloc::{MklSplitAllocator, SPLIT_MAX_SMALL_ALIGN};
 ///
-/// let a = MklSplitAllocator::<4096>;
+/// let a = MklSplitAllocator;
 /// assert!(!a.is_mkl(Layout::from_size_align(64, SPLIT_MAX_SMALL_ALIGN).unwrap()));
 /// assert!(a.is_mkl(Layout::from_size_align(64, 2 * SPLIT_MAX_SMALL_ALIGN).unwrap()));
 /// ```
 pub const SPLIT_MAX_SMALL_ALIGN: usize = 16;
 
-/// The default threshold of [`MklSplitAllocator`]: layouts of at least this
+/// The default threshold of [`MklSplitAllocator`](struct@MklSplitAllocator): layouts of at least this
 /// many bytes go to MKL.
 ///
 /// Chosen from measurements on the development machine (2-core Xeon, glibc;
@@ -64,16 +68,27 @@ pub const SPLIT_MAX_SMALL_ALIGN: usize = 16;
 pub const DEFAULT_SPLIT_THRESHOLD: usize = 4096;
 
 /// A size-split allocator: layouts smaller than `THRESHOLD` bytes with an
-/// alignment of at most 16 ([`SPLIT_MAX_SMALL_ALIGN`]) are served by
-/// [`std::alloc::System`]; every other layout is served by MKL exactly as
+/// alignment of at most 16 ([`SPLIT_MAX_SMALL_ALIGN`]) are served by the
+/// small side `S`, any `GlobalAlloc` ([`std::alloc::System`] by default;
+/// mimalloc's `MiMalloc` or jemalloc's `Jemalloc` with
+/// [`over`](Self::over)); every other layout is served by MKL exactly as
 /// [`MklAllocator`] serves it (aligned to `max(64, align)`).
 ///
-/// `THRESHOLD` defaults to [`DEFAULT_SPLIT_THRESHOLD`] (4 KiB). The
-/// allocator is a zero-sized handle; which allocator owns a block is decided
-/// from its layout alone, so freeing and resizing route correctly without
-/// any bookkeeping. A resize that crosses the threshold moves the block to
-/// the other allocator and keeps its contents. Zero-sized layouts
-/// (allocator-api2) reach neither allocator.
+/// `THRESHOLD` defaults to [`DEFAULT_SPLIT_THRESHOLD`] (4 KiB;
+/// [`with_threshold`](Self::with_threshold) sets another). Which allocator
+/// owns a block is decided from its layout alone, so freeing and resizing
+/// route correctly without any bookkeeping. A resize that crosses the
+/// threshold moves the block to the other allocator, keeps its contents
+/// and frees the old block on its own side. Zeroed blocks are zeroed by
+/// the side that serves them (the small side's own `alloc_zeroed`: calloc,
+/// mimalloc's zeroed pages). Zero-sized layouts (allocator-api2) reach
+/// neither allocator. The small side's frees drive the block cache's decay
+/// ([`block_cache`](crate::block_cache)), as MKL's do; the small side is
+/// never called inside the crate's fork gates, so its own fork handling
+/// (jemalloc's `pthread_atfork` handlers) is its own business.
+///
+/// The name `MklSplitAllocator` is also a constant: the split over `System`
+/// at the default threshold, a zero-sized value.
 ///
 /// As the whole program's allocator:
 ///
@@ -91,41 +106,185 @@ pub const DEFAULT_SPLIT_THRESHOLD: usize = 4096;
 /// assert_eq!(words[42], "42");
 /// ```
 ///
+/// Over mimalloc (small objects at mimalloc's speed, numeric buffers on
+/// MKL):
+///
+/// ```
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// #[global_allocator]
+/// static GLOBAL: MklSplitAllocator<mimalloc::MiMalloc> =
+///     MklSplitAllocator::over(mimalloc::MiMalloc);
+///
+/// let big = vec![1.0f64; 1 << 16];
+/// assert_eq!(big.as_ptr() as usize % 64, 0); // MKL's
+/// let words: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+/// assert_eq!(words[42], "42");
+/// ```
+///
 /// With another threshold, and for chosen collections through allocator-api2:
 ///
 /// ```
 /// use allocator_api2::vec::Vec;
 /// use mkl_alloc::MklSplitAllocator;
 ///
-/// type Split64K = MklSplitAllocator<65536>;
-/// let mut v: Vec<f64, Split64K> = Vec::new_in(MklSplitAllocator);
+/// type Split64K = MklSplitAllocator<std::alloc::System, 65536>;
+/// let mut v: Vec<f64, Split64K> = Vec::new_in(MklSplitAllocator.with_threshold());
 /// v.extend((0..100_000).map(f64::from)); // grows from System into MKL
 /// assert_eq!(v.as_ptr() as usize % 64, 0);
 /// assert_eq!(v[99_999], 99_999.0);
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MklSplitAllocator<const THRESHOLD: usize = DEFAULT_SPLIT_THRESHOLD>;
+///
+/// allocator-api2's `Allocator` is implemented for every small side that
+/// is a zero-sized handle (`System`, `MiMalloc`, `Jemalloc`): an allocator
+/// stored inside the value would move with it, and an `Allocator` must not
+/// invalidate its blocks when moved. Any other small side is refused when
+/// the program is built:
+///
+/// ```compile_fail,E0080
+/// use allocator_api2::alloc::{Allocator, Layout};
+/// use core::alloc::GlobalAlloc;
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// struct Tagged(u8); // not zero-sized
+/// unsafe impl GlobalAlloc for Tagged {
+///     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+///         unsafe { std::alloc::System.alloc(l) }
+///     }
+///     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+///         unsafe { std::alloc::System.dealloc(p, l) }
+///     }
+/// }
+/// let a = MklSplitAllocator::over(Tagged(1));
+/// let _ = a.allocate(Layout::new::<u64>());
+/// ```
+#[derive(Clone, Copy, Default)]
+pub struct MklSplitAllocator<S = System, const THRESHOLD: usize = DEFAULT_SPLIT_THRESHOLD> {
+    /// The allocator of small blocks.
+    small: S,
+}
 
-impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
+/// The split allocator over [`System`] at [`DEFAULT_SPLIT_THRESHOLD`]: the
+/// value of the type `MklSplitAllocator` with its defaults, so that
+/// `static GLOBAL: MklSplitAllocator = MklSplitAllocator;` reads as it does
+/// for a unit struct.
+///
+/// ```
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// let a: MklSplitAllocator = MklSplitAllocator;
+/// assert_eq!(a, MklSplitAllocator::over(std::alloc::System));
+/// assert_eq!(size_of_val(&a), 0);
+/// ```
+#[allow(non_upper_case_globals)]
+pub const MklSplitAllocator: MklSplitAllocator = MklSplitAllocator::over(System);
+
+/// Names the small side by its type and the threshold (a small side need
+/// not be `Debug`: mimalloc's `MiMalloc` is not).
+///
+/// ```
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// let s = format!("{:?}", MklSplitAllocator);
+/// assert_eq!(s, "MklSplitAllocator { small: \"std::alloc::System\", threshold: 4096 }");
+/// ```
+impl<S, const THRESHOLD: usize> core::fmt::Debug for MklSplitAllocator<S, THRESHOLD> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MklSplitAllocator")
+            .field("small", &core::any::type_name::<S>())
+            .field("threshold", &THRESHOLD)
+            .finish()
+    }
+}
+
+/// Every split over `System` at one threshold is the same allocator, so
+/// all its values are equal (and hash alike), as for a unit struct.
+///
+/// ```
+/// use mkl_alloc::MklSplitAllocator;
+///
+/// assert_eq!(MklSplitAllocator, MklSplitAllocator::over(std::alloc::System));
+/// ```
+impl<const THRESHOLD: usize> PartialEq for MklSplitAllocator<System, THRESHOLD> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<const THRESHOLD: usize> Eq for MklSplitAllocator<System, THRESHOLD> {}
+
+impl<const THRESHOLD: usize> core::hash::Hash for MklSplitAllocator<System, THRESHOLD> {
+    fn hash<H: core::hash::Hasher>(&self, _: &mut H) {}
+}
+
+impl<S: GlobalAlloc> MklSplitAllocator<S> {
+    /// The split allocator whose small blocks come from `small`, at the
+    /// default threshold ([`DEFAULT_SPLIT_THRESHOLD`]). A `const fn`, for
+    /// `#[global_allocator]` statics.
+    ///
+    /// ```
+    /// use mkl_alloc::MklSplitAllocator;
+    ///
+    /// #[global_allocator]
+    /// static GLOBAL: MklSplitAllocator<mimalloc::MiMalloc> =
+    ///     MklSplitAllocator::over(mimalloc::MiMalloc);
+    ///
+    /// let mut v: Vec<u32> = (0..10).collect(); // mimalloc's
+    /// v.extend(0..100_000); // grows into MKL, contents kept
+    /// assert_eq!(v.as_ptr() as usize % 64, 0);
+    /// assert_eq!(v[9], 9);
+    /// ```
+    #[inline(always)]
+    pub const fn over(small: S) -> Self {
+        MklSplitAllocator { small }
+    }
+}
+
+impl<S, const THRESHOLD: usize> MklSplitAllocator<S, THRESHOLD> {
     /// The threshold in bytes: layouts at least this large go to MKL.
     ///
     /// ```
     /// use mkl_alloc::MklSplitAllocator;
     ///
-    /// assert_eq!(MklSplitAllocator::<4096>::THRESHOLD, 4096);
+    /// assert_eq!(MklSplitAllocator::<std::alloc::System, 8192>::THRESHOLD, 8192);
     /// assert_eq!(<MklSplitAllocator>::THRESHOLD, mkl_alloc::DEFAULT_SPLIT_THRESHOLD);
     /// ```
     pub const THRESHOLD: usize = THRESHOLD;
 
-    /// Whether a block of `layout` is (or would be) served by MKL rather
-    /// than the system allocator. Zero-sized layouts report what their size
-    /// and alignment say, but are never passed to either allocator.
+    /// The same split with the threshold `N` (a `const fn`; `N` is usually
+    /// inferred from the type asked for).
     ///
     /// ```
     /// use core::alloc::Layout;
     /// use mkl_alloc::MklSplitAllocator;
     ///
-    /// let a = MklSplitAllocator::<4096>;
+    /// static GLOBAL64K: MklSplitAllocator<std::alloc::System, 65536> =
+    ///     MklSplitAllocator.with_threshold();
+    /// assert!(!GLOBAL64K.is_mkl(Layout::from_size_align(10_000, 8).unwrap()));
+    /// assert!(MklSplitAllocator.is_mkl(Layout::from_size_align(10_000, 8).unwrap()));
+    /// ```
+    #[inline(always)]
+    pub const fn with_threshold<const N: usize>(self) -> MklSplitAllocator<S, N> {
+        // A const fn cannot drop `self` (S may have a destructor), even
+        // once its one field is moved out: move the field out of a
+        // ManuallyDrop instead.
+        let this = core::mem::ManuallyDrop::new(self);
+        let this: *const Self = (&raw const this).cast();
+        // SAFETY: `this` points to a live value that is never dropped nor
+        // used again, so its field is moved out exactly once.
+        let small = unsafe { ptr::read(&raw const (*this).small) };
+        MklSplitAllocator { small }
+    }
+
+    /// Whether a block of `layout` is (or would be) served by MKL rather
+    /// than the small side. Zero-sized layouts report what their size and
+    /// alignment say, but are never passed to either allocator.
+    ///
+    /// ```
+    /// use core::alloc::Layout;
+    /// use mkl_alloc::MklSplitAllocator;
+    ///
+    /// let a = MklSplitAllocator; // threshold 4096
     /// assert!(!a.is_mkl(Layout::from_size_align(4095, 16).unwrap()));
     /// assert!(a.is_mkl(Layout::from_size_align(4096, 8).unwrap()));
     /// assert!(a.is_mkl(Layout::from_size_align(8, 32).unwrap()));
@@ -134,6 +293,15 @@ impl<const THRESHOLD: usize> MklSplitAllocator<THRESHOLD> {
     pub const fn is_mkl(&self, layout: Layout) -> bool {
         is_mkl::<THRESHOLD>(layout)
     }
+
+    /// Stops the build where allocator-api2's `Allocator` is used with a
+    /// small side that is not zero-sized (see the type's documentation).
+    const SMALL_SIDE_IS_A_HANDLE: () = assert!(
+        size_of::<S>() == 0,
+        "MklSplitAllocator's allocator-api2 Allocator needs a zero-sized small side \
+         (a handle such as System, MiMalloc or Jemalloc): an allocator stored in the \
+         value would move with it, and an Allocator's blocks must outlive its moves"
+    );
 }
 
 #[inline(always)]
@@ -169,12 +337,17 @@ unsafe fn move_block(
 
 // SAFETY: each block is allocated and freed by the same allocator, because
 // the route is a pure function of the layout and GlobalAlloc's contract hands
-// dealloc/realloc the layout the block was allocated with. System honours
-// every layout it gets (align <= 16); MKL blocks are aligned to
-// max(64, align) or null. A realloc crossing the threshold allocates the new
-// block from the other allocator, copies, and frees the old one only on
-// success, so null always leaves the old block intact.
-unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD> {
+// dealloc/realloc the layout the block was allocated with. The small side is
+// a GlobalAlloc and gets only layouts it must honour (any GlobalAlloc honours
+// every layout), each block freed or resized with the layout it allocated it
+// with (see resize_split); MKL blocks are aligned to max(64, align) or null.
+// A realloc crossing the threshold allocates the new block from the other
+// allocator, copies, and frees the old one only on success, so null always
+// leaves the old block intact. No crate lock or fork gate is held while the
+// small side runs.
+unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
+    for MklSplitAllocator<S, THRESHOLD>
+{
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if is_mkl::<THRESHOLD>(layout) {
@@ -183,7 +356,7 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
             unsafe { raw_alloc(layout.size(), layout.align()) }
         } else {
             // SAFETY: layout.size() > 0 (GlobalAlloc's contract).
-            unsafe { System.alloc(layout) }
+            unsafe { self.small.alloc(layout) }
         }
     }
 
@@ -194,7 +367,7 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
             unsafe { raw_alloc_zeroed(layout.size(), layout.align()) }
         } else {
             // SAFETY: as in alloc.
-            unsafe { System.alloc_zeroed(layout) }
+            unsafe { self.small.alloc_zeroed(layout) }
         }
     }
 
@@ -205,12 +378,13 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
             // contract), hence by MKL, and is freed once.
             unsafe { raw_free(ptr, layout.size()) }
         } else {
-            // The system side's frees count towards the block cache's
-            // decay too (a thread-local countdown; see `block_cache::TICKS`).
+            // The small side's frees count towards the block cache's decay
+            // too (a thread-local countdown; see `block_cache::TICKS`); it
+            // returns before the small side is called, holding nothing.
             crate::block_cache::tick();
             // SAFETY: the block was allocated with this layout, hence by
-            // System with this same layout.
-            unsafe { System.dealloc(ptr, layout) }
+            // the small side with this same layout.
+            unsafe { self.small.dealloc(ptr, layout) }
         }
     }
 
@@ -219,22 +393,29 @@ unsafe impl<const THRESHOLD: usize> GlobalAlloc for MklSplitAllocator<THRESHOLD>
         // SAFETY: new_size > 0 and, rounded up to the alignment, does not
         // overflow isize (GlobalAlloc::realloc's contract).
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        // SAFETY: a live block of `layout` from this allocator; both sizes > 0.
-        unsafe { self.resize_block(ptr, layout, new) }
+        // SAFETY: a live block of `layout` from this allocator, whose small
+        // blocks are `self.small`'s; both sizes > 0.
+        unsafe { resize_split::<THRESHOLD, S>(&self.small, ptr, layout, new) }
     }
 }
 
 // SAFETY: each block is allocated, resized and freed by the allocator its
 // layout routes to (a pure function of the layout; allocator-api2 hands back
 // a layout that fits the block, and the size returned is the size asked);
-// System honours layouts with align <= 16, MKL blocks are aligned to
-// max(64, align); a block moving across the threshold is copied and the old
-// one freed only once the new one exists. A System block is handed to System
-// with the very layout System allocated it with (`resize_split` reallocates
-// in place only at an unchanged alignment). The handle is zero-sized.
-unsafe impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
+// the small side honours every layout it gets (a GlobalAlloc), MKL blocks
+// are aligned to max(64, align); a block moving across the threshold is
+// copied and the old one freed only once the new one exists. A small block
+// is handed to the small side with the very layout it was allocated with
+// (`resize_split` reallocates in place only at an unchanged alignment).
+// Copies and moves are the same allocator: every method first evaluates
+// SMALL_SIDE_IS_A_HANDLE, which stops the build unless the small side is
+// zero-sized, so no block lives in the value (a zero-sized GlobalAlloc's
+// state is outside it: System, mimalloc and jemalloc keep theirs
+// process-wide).
+unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> Blocks for MklSplitAllocator<S, THRESHOLD> {
     #[inline(always)]
     unsafe fn alloc_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let () = Self::SMALL_SIDE_IS_A_HANDLE;
         // SAFETY: layout.size() > 0 (trait contract).
         unsafe {
             if zeroed {
@@ -247,20 +428,23 @@ unsafe impl<const THRESHOLD: usize> Blocks for MklSplitAllocator<THRESHOLD> {
 
     #[inline(always)]
     unsafe fn free_block(&self, ptr: *mut u8, layout: Layout) {
+        let () = Self::SMALL_SIDE_IS_A_HANDLE;
         // SAFETY: a live block of `layout` from this allocator (trait contract).
         unsafe { GlobalAlloc::dealloc(self, ptr, layout) }
     }
 
     #[inline(always)]
     unsafe fn resize_block(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
-        // SAFETY: the trait's contract, forwarded; small blocks are System's.
-        unsafe { resize_split::<THRESHOLD, System>(&System, p, old, new) }
+        let () = Self::SMALL_SIDE_IS_A_HANDLE;
+        // SAFETY: the trait's contract, forwarded; small blocks are
+        // `self.small`'s.
+        unsafe { resize_split::<THRESHOLD, S>(&self.small, p, old, new) }
     }
 }
 
 /// [`MklSplitAllocator`]'s resize, with the allocator of small blocks as a
-/// parameter (`System` in the allocator; a layout-checking wrapper around
-/// it in the unit tests below).
+/// parameter (the small side in the allocator; a layout-checking wrapper
+/// around `System` in the unit tests below).
 ///
 /// Every small block is freed with the layout it was allocated with:
 /// `GlobalAlloc::realloc` keeps the old alignment, so it is used only when
@@ -328,7 +512,7 @@ unsafe fn resize_split<const THRESHOLD: usize, S: GlobalAlloc>(
     }
 }
 
-allocator_impls!([const THRESHOLD: usize] MklSplitAllocator<THRESHOLD>);
+allocator_impls!([S: GlobalAlloc, const THRESHOLD: usize] MklSplitAllocator<S, THRESHOLD>);
 
 #[cfg(test)]
 mod tests {

@@ -1,22 +1,25 @@
-//! Model-based property test of `MklAllocator` through allocator-api2's
+//! Model-based property test of `MklAllocator`, and of `MklSplitAllocator`
+//! over mimalloc and over jemalloc, through allocator-api2's
 //! `Allocator`: random sequences of allocate / allocate_zeroed / grow /
 //! grow_zeroed / shrink / deallocate, sizes 0 .. 1 MiB, alignments 1 .. 2^16.
 //!
 //! The model is the list of live blocks with the pattern each must hold.
 //! Before every operation every live block is checked; after it, the new
-//! block must be aligned to max(64, align), must not overlap any other live
+//! block must be aligned to max(64, align) (an MKL block; a split's small
+//! block to align), must not overlap any other live
 //! block, must keep the old contents up to min(old, new) size, and zeroed
 //! tails must be zero. At the end MKL must hold exactly what it held before.
 //!
 //! Cases: `PROPTEST_CASES` if set, else 10,000 (about 15 s in a debug build
-//! on one core), or 64 with `MKL_ALLOC_TEST_SCALE=small` (valgrind).
+//! on one core), or 64 with `MKL_ALLOC_TEST_SCALE=small` (valgrind); a
+//! quarter of that for each split.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use std::sync::OnceLock;
 
 use allocator_api2::alloc::Allocator;
-use mkl_alloc::{MklAllocator, manager};
+use mkl_alloc::{MklAllocator, MklSplitAllocator, manager};
 use proptest::prelude::*;
 
 const MAX_SIZE: usize = 1 << 20;
@@ -125,12 +128,24 @@ struct Live {
     tag: u64,
 }
 
-struct Model {
+struct Model<A: Allocator> {
+    a: A,
+    /// The alignment a block of a layout must have (not zero-sized).
+    align_of: fn(&A, Layout) -> usize,
     live: Vec<Live>,
     next_tag: u64,
 }
 
-impl Model {
+impl<A: Allocator> Model<A> {
+    fn new(a: A, align_of: fn(&A, Layout) -> usize) -> Self {
+        Model {
+            a,
+            align_of,
+            live: Vec::new(),
+            next_tag: 0,
+        }
+    }
+
     fn check_all(&self) -> Result<(), TestCaseError> {
         for (i, b) in self.live.iter().enumerate() {
             // SAFETY: every block in the model is live, owned by the model
@@ -154,7 +169,7 @@ impl Model {
         let want = if layout.size() == 0 {
             layout.align()
         } else {
-            layout.align().max(64)
+            (self.align_of)(&self.a, layout)
         };
         prop_assert_eq!(
             addr % want,
@@ -197,7 +212,7 @@ impl Model {
 
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
         self.check_all()?;
-        let a = MklAllocator;
+        let a = &self.a;
         match *op {
             Op::Allocate { size, align_log2 } | Op::AllocateZeroed { size, align_log2 } => {
                 let layout = Layout::from_size_align(size, 1 << align_log2).unwrap();
@@ -289,13 +304,61 @@ impl Model {
     }
 }
 
-impl Drop for Model {
+impl<A: Allocator> Drop for Model<A> {
     fn drop(&mut self) {
         for b in self.live.drain(..) {
             // SAFETY: every block left in the model is live and owned by it.
-            unsafe { MklAllocator.deallocate(b.ptr, b.layout) };
+            unsafe { self.a.deallocate(b.ptr, b.layout) };
         }
     }
+}
+
+/// An MKL block's alignment.
+fn mkl_align<A>(_: &A, layout: Layout) -> usize {
+    layout.align().max(64)
+}
+
+/// A split's: MKL's for an MKL block, the layout's for a small one.
+fn split_align<S, const T: usize>(a: &MklSplitAllocator<S, T>, layout: Layout) -> usize {
+    if a.is_mkl(layout) {
+        layout.align().max(64)
+    } else {
+        layout.align()
+    }
+}
+
+/// Runs `ops` on a fresh model over `a`; at the end MKL must hold what it
+/// held before.
+fn run<A: Allocator>(
+    a: A,
+    align_of: fn(&A, Layout) -> usize,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    // MKL's counts are compared block for block: the block cache (on by
+    // default) would keep freed large blocks, counted by MKL; its own
+    // sequences are tests/block_cache.rs's.
+    mkl_alloc::block_cache::disable();
+    let before = manager::stats();
+    {
+        let mut model = Model::new(a, align_of);
+        for op in ops {
+            model.apply(op)?;
+        }
+        model.check_all()?;
+    }
+    // The model freed everything: MKL holds what it held before.
+    prop_assert_eq!(
+        manager::stats().mkl_held(),
+        before.mkl_held(),
+        "blocks leaked or double-counted"
+    );
+    Ok(())
+}
+
+/// MKL's counts are process-wide: one model at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 proptest! {
@@ -306,19 +369,27 @@ proptest! {
 
     #[test]
     fn random_op_sequences_keep_every_block_intact(ops in prop::collection::vec(op(), 1..48)) {
-        // MKL's counts are compared block for block: the block cache (on by
-        // default) would keep freed large blocks, counted by MKL; its own
-        // sequences are tests/block_cache.rs's.
-        mkl_alloc::block_cache::disable();
-        let before = manager::stats();
-        {
-            let mut model = Model { live: Vec::new(), next_tag: 0 };
-            for op in &ops {
-                model.apply(op)?;
-            }
-            model.check_all()?;
-        }
-        // The model freed everything: MKL holds what it held before.
-        prop_assert_eq!(manager::stats().mkl_held(), before.mkl_held(), "blocks leaked or double-counted");
+        let _g = serial();
+        run(MklAllocator, mkl_align, &ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases().div_ceil(4),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn split_over_mimalloc_keeps_every_block_intact(ops in prop::collection::vec(op(), 1..48)) {
+        let _g = serial();
+        run(MklSplitAllocator::over(mimalloc::MiMalloc), split_align, &ops)?;
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn split_over_jemalloc_keeps_every_block_intact(ops in prop::collection::vec(op(), 1..48)) {
+        let _g = serial();
+        run(MklSplitAllocator::over(tikv_jemallocator::Jemalloc), split_align, &ops)?;
     }
 }

@@ -198,7 +198,7 @@ fn unused_blocks_decay() {
 #[test]
 fn decay_goes_on_through_small_frees_of_every_path() {
     let _s = serial();
-    let split = MklSplitAllocator::<4096>;
+    let split = MklSplitAllocator;
     let paths: [(&str, &dyn Fn()); 3] = [
         ("MklSplitAllocator's system side", &|| {
             // SAFETY: a small layout, freed at once with the same layout.
@@ -453,7 +453,7 @@ fn shared_vec_and_the_split_allocator_use_the_cache() {
     let p = v.view().unwrap().as_ptr();
     drop(v);
     assert_eq!(block_cache::cached_bytes(), chunk(8 * MIB, 64));
-    let split = MklSplitAllocator::<4096>;
+    let split = MklSplitAllocator;
     // SAFETY: a non-zero size.
     let q = unsafe { split.alloc(layout(8 * MIB, 64)) };
     assert_eq!(q.cast_const(), p.cast::<u8>());

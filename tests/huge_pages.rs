@@ -392,7 +392,7 @@ fn growth_keeps_contents_and_alignment_with_the_policy_on() {
     let before = huge_pages::advised_bytes();
     for align in [8, 64, 4096, HUGE_PAGE_SIZE, 1 << 30] {
         grow_chain(&MklAllocator, align);
-        grow_chain(&MklSplitAllocator::<4096>, align);
+        grow_chain(&MklSplitAllocator, align);
     }
     if huge_pages::status() != Status::Unavailable {
         assert!(huge_pages::advised_bytes() > before);
@@ -435,7 +435,7 @@ fn impossible_growth_leaves_the_block_intact_with_the_policy_on() {
             let big = Layout::from_size_align(huge, align).unwrap();
             assert!(MklAllocator.grow(nn, layout, big).is_err());
             assert!(MklAllocator.grow_zeroed(nn, layout, big).is_err());
-            assert!(MklSplitAllocator::<4096>.grow(nn, layout, big).is_err());
+            assert!(MklSplitAllocator.grow(nn, layout, big).is_err());
             assert_eq!(
                 huge_pages::advised_bytes(),
                 advised,

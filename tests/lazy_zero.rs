@@ -111,7 +111,7 @@ fn every_zeroing_path_reads_as_zero_after_a_dirty_free() {
     // SAFETY: allocated above with `l`.
     unsafe { MklAllocator.deallocate(b.cast(), l) };
     dirty(n);
-    let split = MklSplitAllocator::<4096>;
+    let split = MklSplitAllocator;
     let b = split.allocate_zeroed(l).unwrap();
     assert!(all_zero(b.cast::<u8>().as_ptr(), n));
     // SAFETY: allocated above with `l`.

@@ -89,7 +89,7 @@ fn allocator_shrink_gives_memory_back() {
 #[test]
 fn split_allocator_shrink_gives_memory_back() {
     vec_shrink_gives_memory_back(
-        MklSplitAllocator::<{ mkl_alloc::DEFAULT_SPLIT_THRESHOLD }>,
+        MklSplitAllocator,
         "Vec<_, MklSplitAllocator>::shrink_to_fit",
     );
 }

@@ -30,9 +30,7 @@ pub fn alloc_free_group(t: &mut Table) {
                     per_op(iters, || alloc_free(&MklAllocator, layout, iters))
                 }),
                 ("MklSplitAllocator", &mut || {
-                    per_op(iters, || {
-                        alloc_free(&MklSplitAllocator::<4096>, layout, iters)
-                    })
+                    per_op(iters, || alloc_free(&MklSplitAllocator, layout, iters))
                 }),
                 ("System", &mut || {
                     per_op(iters, || alloc_free(&std::alloc::System, layout, iters))
@@ -75,9 +73,7 @@ pub fn small_objects_group(t: &mut Table) {
                     per_op(iters, || alloc_free(&MklAllocator, layout, iters))
                 }),
                 ("MklSplitAllocator", &mut || {
-                    per_op(iters, || {
-                        alloc_free(&MklSplitAllocator::<4096>, layout, iters)
-                    })
+                    per_op(iters, || alloc_free(&MklSplitAllocator, layout, iters))
                 }),
                 ("mimalloc", &mut || {
                     per_op(iters, || alloc_free(&mimalloc::MiMalloc, layout, iters))
@@ -112,7 +108,7 @@ pub fn growth_group(t: &mut Table) {
             }),
             ("Vec<f64, MklSplitAllocator>", &mut || {
                 ms(|| {
-                    black_box(vec_growth(MklSplitAllocator::<4096>, N));
+                    black_box(vec_growth(MklSplitAllocator, N));
                 })
             }),
             ("Vec<f64, System>", &mut || {
@@ -159,7 +155,7 @@ pub fn hashbrown_group(t: &mut Table) {
             }),
             ("MklSplitAllocator", &mut || {
                 ms(|| {
-                    black_box(hashbrown_insert(MklSplitAllocator::<4096>, N));
+                    black_box(hashbrown_insert(MklSplitAllocator, N));
                 })
             }),
         ],

@@ -4,10 +4,18 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::harness::{Env, Series, apply_env, field, order, parse_fields};
+use crate::harness::{Env, Series, apply_env, field, med, order, parse_fields};
 use crate::report::Table;
 
-const WORKLOADS: [&str; 5] = ["system", "mimalloc", "mkl", "split", "jemalloc"];
+const WORKLOADS: [&str; 7] = [
+    "system",
+    "mimalloc",
+    "mkl",
+    "split",
+    "jemalloc",
+    "split_mimalloc",
+    "split_jemalloc",
+];
 
 /// The workload binaries next to this executable; built with the cargo that
 /// ran us if they are missing.
@@ -66,9 +74,9 @@ fn workload_binaries() -> Option<Vec<PathBuf>> {
 
 /// Runs one workload binary in `env`; returns (CPU ms, wall ms, peak
 /// RSS in KiB).
-fn run_workload(bin: &Path, env: Env, entries: usize) -> (f64, f64, f64) {
+fn run_workload(bin: &Path, env: Env, entries: usize, kind: &str) -> (f64, f64, f64) {
     let mut cmd = Command::new(bin);
-    cmd.arg(entries.to_string());
+    cmd.arg(entries.to_string()).arg(kind);
     apply_env(&mut cmd, env);
     let out = cmd
         .output()
@@ -84,7 +92,10 @@ fn run_workload(bin: &Path, env: Env, entries: usize) -> (f64, f64, f64) {
 
 /// The whole program under each global allocator: System, mimalloc, jemalloc,
 /// MklSplitAllocator with the library's defaults and with everything off
-/// (issue 21's configurations), and MklAllocator with the defaults.
+/// (issue 21's configurations), the split over mimalloc and over jemalloc
+/// (issue 36), and MklAllocator with the defaults; then the mixed workload
+/// (service and numeric work interleaved) and the numeric work alone
+/// ([`mixed_group`]).
 pub fn workload_group(t: &mut Table) {
     const ROUNDS: usize = 5;
     const OTHER_ROUNDS: usize = 2;
@@ -102,23 +113,26 @@ pub fn workload_group(t: &mut Table) {
         (SPLIT_OFF, 3, Env::AllOff),
         ("MklAllocator, MKL defaults", 2, Env::Defaults),
         ("jemalloc", 4, Env::Defaults),
+        (SPLIT_MIMALLOC, 5, Env::Defaults),
+        (SPLIT_JEMALLOC, 6, Env::Defaults),
     ];
     let new = || -> Vec<Series> { who.iter().map(|w| Series::new(w.0)).collect() };
     let (mut times, mut walls, mut rss) = (new(), new(), new());
     // No warm-up round: each run is a fresh process (the binaries are in
-    // the page cache after the first). The three the targets compare run
-    // in every round; mimalloc, jemalloc and pure MKL in the first OTHER_ROUNDS
-    // only, to stay under a minute.
+    // the page cache after the first). The ones the targets compare run
+    // in every round (System and the split; mimalloc, jemalloc and the
+    // split over each); the split with everything off and pure MKL in the
+    // first OTHER_ROUNDS only, to stay near two minutes.
     for r in 0..ROUNDS {
         let these: &[usize] = if r < OTHER_ROUNDS {
-            &[0, 1, 2, 3, 4, 5]
+            &[0, 1, 2, 3, 4, 5, 6, 7]
         } else {
-            &[0, 2, 3]
+            &[0, 1, 2, 5, 6, 7]
         };
         for j in order(these.len(), r) {
             let i = these[j];
             let (_, bin, env) = who[i];
-            let (cpu, wall, kib) = run_workload(&bins[bin], env, ENTRIES);
+            let (cpu, wall, kib) = run_workload(&bins[bin], env, ENTRIES, "service");
             times[i].values.push(cpu);
             walls[i].values.push(wall);
             rss[i].values.push(kib / 1024.0);
@@ -139,7 +153,108 @@ pub fn workload_group(t: &mut Table) {
         &rss[0],
         1.1,
     );
+    t.target(
+        "workload CPU time ≤ 1.05x mimalloc (split over mimalloc)",
+        &times[6],
+        &times[1],
+        1.05,
+    );
+    t.target(
+        "workload CPU time ≤ 1.05x jemalloc (split over jemalloc)",
+        &times[7],
+        &times[5],
+        1.05,
+    );
+    mixed_group(t, &bins);
+}
+
+/// The mixed workload (`workload_* N mixed`: service batches interleaved
+/// with numeric rounds of temporaries, growth and zeroed-then-filled
+/// buffers) under every competitor, and the numeric work alone under the
+/// three splits (`workload_* N numeric`), each run a fresh process, all in
+/// every round.
+fn mixed_group(t: &mut Table, bins: &[PathBuf]) {
+    const ROUNDS: usize = 5;
+    const ENTRIES: usize = 1_000_000;
+    // (name, binary: index into WORKLOADS)
+    let who = [
+        ("System", 0),
+        ("mimalloc", 1),
+        ("jemalloc", 4),
+        (SPLIT_DEFAULTS, 3),
+        (SPLIT_MIMALLOC, 5),
+        (SPLIT_JEMALLOC, 6),
+        ("MklAllocator, MKL defaults", 2),
+    ];
+    // The numeric work alone: the three splits (indices into `who`).
+    let numeric_who = [3, 4, 5];
+    let new =
+        |names: &mut dyn Iterator<Item = &str>| -> Vec<Series> { names.map(Series::new).collect() };
+    let (mut times, mut rss) = (
+        new(&mut who.iter().map(|w| w.0)),
+        new(&mut who.iter().map(|w| w.0)),
+    );
+    let mut numeric = new(&mut numeric_who.iter().map(|&i| who[i].0));
+    for r in 0..ROUNDS {
+        // One shuffled order over both kinds of run.
+        let runs = who.len() + numeric_who.len();
+        for j in order(runs, r) {
+            if j < who.len() {
+                let (_, bin) = who[j];
+                let (cpu, _, kib) = run_workload(&bins[bin], Env::Defaults, ENTRIES, "mixed");
+                times[j].values.push(cpu);
+                rss[j].values.push(kib / 1024.0);
+            } else {
+                let k = j - who.len();
+                let (_, bin) = who[numeric_who[k]];
+                let (cpu, _, _) = run_workload(&bins[bin], Env::Defaults, ENTRIES, "numeric");
+                numeric[k].values.push(cpu);
+            }
+        }
+    }
+    t.group("5. mixed workload CPU time (10^6 entries)", "ms", &times, 0);
+    t.group("5. mixed workload peak RSS", "MiB", &rss, 0);
+    t.group("5. numeric work CPU time", "ms", &numeric, 0);
+    t.target(
+        "numeric work CPU time ≤ 1.05x the split over System (split over mimalloc)",
+        &numeric[1],
+        &numeric[0],
+        1.05,
+    );
+    t.target(
+        "numeric work CPU time ≤ 1.05x the split over System (split over jemalloc)",
+        &numeric[2],
+        &numeric[0],
+        1.05,
+    );
+    // The best split (by median CPU time) against the best peer alone.
+    let best = |ix: &[usize]| -> usize {
+        *ix.iter()
+            .min_by(|&&a, &&b| med(&times[a]).total_cmp(&med(&times[b])))
+            .unwrap()
+    };
+    let (split, peer) = (best(&[3, 4, 5]), best(&[0, 1, 2]));
+    t.target(
+        &format!(
+            "mixed workload CPU time ≤ 0.9x the best peer alone ({} / {})",
+            who[split].0, who[peer].0
+        ),
+        &times[split],
+        &times[peer],
+        0.9,
+    );
+    t.target(
+        &format!(
+            "mixed workload peak RSS ≤ 1.1x the best peer alone ({} / {})",
+            who[split].0, who[peer].0
+        ),
+        &rss[split],
+        &rss[peer],
+        1.1,
+    );
 }
 
 const SPLIT_DEFAULTS: &str = "MklSplitAllocator, MKL defaults";
 const SPLIT_OFF: &str = "MklSplitAllocator, MKL everything off";
+const SPLIT_MIMALLOC: &str = "MklSplitAllocator<MiMalloc>, MKL defaults";
+const SPLIT_JEMALLOC: &str = "MklSplitAllocator<Jemalloc>, MKL defaults";

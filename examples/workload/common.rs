@@ -2,10 +2,18 @@
 //! example is this code with a different `#[global_allocator]` (the global
 //! allocator is fixed per binary, so one binary per allocator).
 //!
-//! Usage: `workload_<alloc> [entries]` (default 1 000 000). Prints one line,
-//! `allocator=<name> entries=<n> time_ms=<wall ms> cpu_ms=<user+sys ms>
-//! peak_rss_kib=<VmHWM> checksum=<n>`, which
-//! `examples/perf/` and `benches/workload.rs` parse.
+//! Usage: `workload_<alloc> [entries] [service|mixed|numeric]` (default
+//! 1 000 000, `service`). Prints one line, `allocator=<name> entries=<n>
+//! time_ms=<wall ms> cpu_ms=<user+sys ms> peak_rss_kib=<VmHWM>
+//! checksum=<n> kind=<kind>`, which `examples/perf/` and
+//! `benches/workload.rs` parse.
+//!
+//! - `service` ([`workload`]): small objects only (maps, strings, JSON).
+//! - `numeric` ([`numeric`]): big buffers only: temporaries, growth, zeroed
+//!   then filled.
+//! - `mixed` ([`mixed`]): the two interleaved, as in a service that also
+//!   computes: half the service work in 16 batches, each followed by one
+//!   round of the numeric work.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -44,6 +52,54 @@ pub fn workload(n: usize) -> u64 {
     black_box(sum)
 }
 
+/// Rounds of numeric work in [`mixed`] and [`numeric`].
+const NUMERIC_ROUNDS: u64 = 16;
+
+/// One round of numeric big-buffer work: four 8 MiB temporaries (an
+/// `a * x + y` each, summed), a `Vec<f64>` pushed to 2^20 elements (8 MiB,
+/// grown by doubling), and a 16 MiB `vec![0.0; n]` filled afterwards.
+/// Returns a checksum.
+pub fn numeric_round(round: u64) -> u64 {
+    const N: usize = 1 << 20;
+    let x: Vec<f64> = (0..N).map(|i| (i as u64 ^ round) as f64).collect();
+    let mut acc = 0.0f64;
+    for k in 0..4 {
+        let a = (k + 1) as f64 * 0.5;
+        let t: Vec<f64> = x.iter().map(|&v| a * v + 1.0).collect();
+        acc += black_box(&t)[N / 2 + k];
+    }
+    let mut grown: Vec<f64> = Vec::new();
+    for i in 0..N {
+        grown.push(i as f64);
+    }
+    acc += black_box(&grown)[N - 1];
+    let mut z = vec![0.0f64; 2 * N];
+    for (i, v) in z.iter_mut().enumerate() {
+        *v = (i % 7) as f64;
+    }
+    acc += black_box(&z)[2 * N - 1];
+    acc as u64
+}
+
+/// The numeric work alone: [`NUMERIC_ROUNDS`] rounds.
+pub fn numeric() -> u64 {
+    let sum = (0..NUMERIC_ROUNDS).map(numeric_round).sum::<u64>();
+    black_box(sum)
+}
+
+/// Service work and numeric work interleaved: `n / 2` entries of the
+/// service work in [`NUMERIC_ROUNDS`] batches, each followed by a round of
+/// numeric work.
+pub fn mixed(n: usize) -> u64 {
+    let batch = n / 2 / NUMERIC_ROUNDS as usize;
+    let mut sum = 0u64;
+    for r in 0..NUMERIC_ROUNDS {
+        sum = sum.wrapping_add(workload(batch));
+        sum = sum.wrapping_add(numeric_round(r));
+    }
+    black_box(sum)
+}
+
 /// Peak resident set size of this process, in KiB (`VmHWM`).
 pub fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -74,13 +130,19 @@ pub fn main_for(allocator: &str) {
         .nth(1)
         .map(|a| a.parse().expect("entries: a positive integer"))
         .unwrap_or(1_000_000);
+    let kind = std::env::args().nth(2).unwrap_or_else(|| "service".into());
     let cpu = cpu_ms();
     let t = Instant::now();
-    let sum = workload(n);
+    let sum = match kind.as_str() {
+        "service" => workload(n),
+        "mixed" => mixed(n),
+        "numeric" => numeric(),
+        other => panic!("kind: service, mixed or numeric, not {other:?}"),
+    };
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let cpu = cpu_ms() - cpu;
     println!(
-        "allocator={allocator} entries={n} time_ms={ms:.3} cpu_ms={cpu:.3} peak_rss_kib={} checksum={sum}",
+        "allocator={allocator} entries={n} time_ms={ms:.3} cpu_ms={cpu:.3} peak_rss_kib={} checksum={sum} kind={kind}",
         peak_rss_kib()
     );
 }

@@ -1,6 +1,7 @@
 //! Allocation sequences with arbitrary sizes and alignments through
-//! `MklAllocator` and `MklSplitAllocator` (both interfaces: allocator-api2's
-//! `Allocator` and `GlobalAlloc`), blocks freed in any order. Every block is
+//! `MklAllocator` and `MklSplitAllocator`, over System and over mimalloc
+//! (both interfaces: allocator-api2's `Allocator` and `GlobalAlloc`),
+//! blocks freed in any order. Every block is
 //! filled with its own byte and checked whenever it is grown, shrunk or
 //! freed; alignments the allocators cannot honour must be refused, never
 //! served misaligned.
@@ -13,6 +14,7 @@ use allocator_api2::alloc::Allocator;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use mkl_alloc::{MAX_ALIGN, MklAllocator, MklSplitAllocator};
+use std::alloc::System;
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Which {
@@ -20,7 +22,15 @@ enum Which {
     Split,
     /// A low threshold, so that small blocks change sides on growth.
     Split256,
+    /// The split over mimalloc, a small side that is not System.
+    SplitMimalloc,
+    SplitMimalloc256,
 }
+
+const SPLIT256: MklSplitAllocator<System, 256> = MklSplitAllocator.with_threshold();
+const SPLIT_MI: MklSplitAllocator<mimalloc::MiMalloc> = MklSplitAllocator::over(mimalloc::MiMalloc);
+const SPLIT_MI256: MklSplitAllocator<mimalloc::MiMalloc, 256> =
+    MklSplitAllocator::over(mimalloc::MiMalloc).with_threshold();
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Api {
@@ -81,16 +91,20 @@ fn align_of_input(log2: u8) -> usize {
 fn global(which: Which) -> &'static dyn GlobalAlloc {
     match which {
         Which::Mkl => &MklAllocator,
-        Which::Split => &MklSplitAllocator::<{ mkl_alloc::DEFAULT_SPLIT_THRESHOLD }>,
-        Which::Split256 => &MklSplitAllocator::<256>,
+        Which::Split => &MklSplitAllocator,
+        Which::Split256 => &SPLIT256,
+        Which::SplitMimalloc => &SPLIT_MI,
+        Which::SplitMimalloc256 => &SPLIT_MI256,
     }
 }
 
 fn with_allocator<R>(which: Which, f: impl FnOnce(&dyn AllocatorDyn) -> R) -> R {
     match which {
         Which::Mkl => f(&MklAllocator),
-        Which::Split => f(&MklSplitAllocator::<{ mkl_alloc::DEFAULT_SPLIT_THRESHOLD }>),
-        Which::Split256 => f(&MklSplitAllocator::<256>),
+        Which::Split => f(&MklSplitAllocator),
+        Which::Split256 => f(&SPLIT256),
+        Which::SplitMimalloc => f(&SPLIT_MI),
+        Which::SplitMimalloc256 => f(&SPLIT_MI256),
     }
 }
 

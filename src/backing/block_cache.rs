@@ -44,7 +44,7 @@
 //!
 //! It serves every MKL block of 1 MiB or more, whoever asked for it:
 //! [`MklAllocator`](crate::MklAllocator), the MKL side of
-//! [`MklSplitAllocator`](crate::MklSplitAllocator),
+//! [`MklSplitAllocator`](struct@crate::MklSplitAllocator),
 //! [`SharedMklVec`](crate::SharedMklVec), the Python package, and MKL's
 //! own routines.
 //!

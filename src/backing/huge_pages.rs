@@ -5,7 +5,7 @@
 //! 258 on 2 MiB pages. With the policy on, every chunk beneath MKL (see the
 //! crate's `backing`) of at least the threshold, whoever asked MKL for it
 //! ([`MklAllocator`](crate::MklAllocator),
-//! [`MklSplitAllocator`](crate::MklSplitAllocator),
+//! [`MklSplitAllocator`](struct@crate::MklSplitAllocator),
 //! [`SharedMklVec`](crate::SharedMklVec), NumPy under the Python handler,
 //! MKL's own routines), is advised with `madvise(MADV_HUGEPAGE)` when it is
 //! mapped, taken from the cache or grown. Chunks start on 2 MiB boundaries,
