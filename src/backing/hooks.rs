@@ -291,8 +291,8 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     if chunks::may_be_chunk(addr) {
         if let Some(old) = chunks::get(addr) {
             // SAFETY: a live chunk, as recorded, that MKL resizes.
-            let q = unsafe { resize_chunk(p.cast(), old, n) };
-            if !q.is_null() {
+            let (q, chunk) = unsafe { resize_chunk(p.cast(), old, n) };
+            if chunk {
                 LAST.with(|c| c.set((q as usize, false)));
             }
             return q.cast();
@@ -434,17 +434,22 @@ unsafe fn release(p: *mut u8, size: usize) {
     }
 }
 
-/// The chunk `p` (`c`: its record) resized for a request of `n` bytes:
-/// within its size where it fits, else in place where the address space
-/// allows, else moved (page tables, not bytes) onto a cached chunk, whose
-/// pages are already there, or onto a fresh mapping. Null on failure, the
-/// chunk then as it was.
+/// The chunk `p` (`c`: its record) resized for a request of `n` bytes,
+/// and whether the block returned is a chunk: within its size where it
+/// fits, else in place where the address space allows, else moved (page
+/// tables, not bytes) onto a cached chunk, whose pages are already there,
+/// or onto a fresh mapping. Where no chunk can be had for it (the chunk
+/// table's window is full, or the kernel refuses a mapping: its
+/// `vm.max_map_count`), the block is copied into one of the previous
+/// functions, as a new allocation would have been: a full table never
+/// fails a growth that memory can serve. Null on failure, the chunk then
+/// as it was.
 ///
 /// # Safety
 /// `p` is a live chunk recorded as `c`.
-unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
+unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> (*mut u8, bool) {
     let Some(new) = map::round(n.max(1)) else {
-        return ptr::null_mut();
+        return (ptr::null_mut(), false);
     };
     let old = c.size;
     if new <= old {
@@ -462,8 +467,47 @@ unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
             old
         };
         chunks::resize(p as usize, chunks::Chunk { size, asked: new });
-        return p;
+        return (p, true);
     }
+    // SAFETY: the caller's contract.
+    let q = unsafe { grow_chunk(p, old, new) };
+    if !q.is_null() {
+        return (q, true);
+    }
+    // SAFETY: the caller's contract; `grow_chunk` left the chunk as it was.
+    (unsafe { move_to_prev(p, c, n) }, false)
+}
+
+/// The live chunk `p` (`c`: its record) moved into a block of `n` bytes
+/// of the previous functions (its first `min(c.asked, n)` bytes copied:
+/// everything MKL's block holds), the chunk then released as a free
+/// would; null if they cannot serve it either (the chunk then as it was).
+///
+/// # Safety
+/// `p` is a live chunk recorded as `c`.
+unsafe fn move_to_prev(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
+    // SAFETY: malloc's contract.
+    let q = retry(|| unsafe { prev_malloc(n) }).cast::<u8>();
+    if q.is_null() {
+        return q;
+    }
+    chunks::remove(p as usize);
+    // SAFETY: distinct live blocks: `p` maps `c.size >= c.asked` bytes,
+    // `q` holds `n`; the chunk, out of the table, is released once.
+    unsafe {
+        ptr::copy_nonoverlapping(p, q, c.asked.min(n));
+        release(p, c.size);
+    }
+    q
+}
+
+/// The live chunk `p` of `old` bytes grown to a chunk of `new > old`
+/// bytes (see [`resize_chunk`]); null if no chunk can be had, the chunk
+/// then as it was.
+///
+/// # Safety
+/// `p` is a live chunk of `old` bytes.
+unsafe fn grow_chunk(p: *mut u8, old: usize, new: usize) -> *mut u8 {
     let advise = huge_pages::applies(new);
     // SAFETY: the live chunk; a failed growth changes nothing.
     if unsafe { map::resize_in_place(p, old, new) } {
