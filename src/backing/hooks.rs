@@ -42,7 +42,7 @@ pub(super) fn install() {
     {
         const WARNING: &[u8] =
             b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
-        if crate::env::read(c"MKL_ALLOC_BACKING", 1, WARNING).is_none() {
+        if !crate::env::read_switch(c"MKL_ALLOC_BACKING", WARNING) {
             STATE.store(3, Relaxed);
             return;
         }
