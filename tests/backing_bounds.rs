@@ -81,3 +81,66 @@ fn full_table_child_1mib() {
 fn full_table_child_2mib() {
     assert_eq!(failed_growths_with_a_full_table(2 * MIB - 8192), 0);
 }
+
+/// `Rss - LazyFree` of this process, in bytes (`/proc/self/smaps_rollup`):
+/// what it keeps resident that the kernel cannot take back at will.
+fn unreclaimable() -> usize {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
+    let kib = |key: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map_or(0, |v| {
+                v.trim().trim_end_matches("kB").trim().parse().unwrap()
+            })
+    };
+    (kib("Rss:") - kib("LazyFree:")) * 1024
+}
+
+/// Before: an idle process kept every cached chunk under 8 MiB resident
+/// (48 of 1-8 MiB: 161 MiB, LazyFree 0).
+#[test]
+fn an_idle_process_keeps_its_cache_reclaimable() {
+    in_child("idle_child");
+}
+
+#[test]
+#[ignore = "run by an_idle_process_keeps_its_cache_reclaimable in a child process"]
+fn idle_child() {
+    let before = unreclaimable();
+    let layouts: Vec<Layout> = (0..48)
+        .map(|i| Layout::from_size_align(MIB + i * 7 * MIB / 47, 64).unwrap())
+        .collect();
+    let blocks: Vec<*mut u8> = layouts
+        .iter()
+        .map(|&l| {
+            // SAFETY: a non-zero size; every page of the block written.
+            unsafe {
+                let p = MklAllocator.alloc(l);
+                assert!(!p.is_null());
+                p.write_bytes(1, l.size());
+                p
+            }
+        })
+        .collect();
+    let touched = unreclaimable();
+    assert!(touched >= before + 150 * MIB, "{touched} after {before}");
+    for (&p, &l) in blocks.iter().zip(&layouts) {
+        // SAFETY: a live block of `l`.
+        unsafe { MklAllocator.dealloc(p, l) };
+    }
+    assert!(
+        mkl_alloc::block_cache::cached_bytes() >= 100 * MIB,
+        "the chunks are cached"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let idle = unreclaimable();
+    println!(
+        "idle: {} MiB above the start",
+        (idle.saturating_sub(before)) / MIB
+    );
+    assert!(
+        idle <= before + 16 * MIB,
+        "{} MiB resident that the kernel cannot take back",
+        (idle - before) / MIB
+    );
+}
