@@ -21,7 +21,8 @@
 //! - **Fit**: a request of `n` bytes is served only by a chunk of
 //!   `n ..= n + n/8` bytes, so at most 1/8 of a reused chunk is waste; a
 //!   chunk that grows and cannot grow in place may take one of up to
-//!   8 times its new size (`GROWTH_SLACK`), and grows within it.
+//!   8 times its new size (`GROWTH_SLACK`), and grows within it; that
+//!   slack counts against the budget too (`MemStats::slack_bytes`).
 //! - **Decay**: a chunk unused for [`DECAY_MS`] (or what [`set_decay_ms`]
 //!   set) is unmapped at the next large allocation or free, or at one of
 //!   the program's small frees through any path (every thread checks the
@@ -151,9 +152,11 @@ pub const DECAY_MS: usize = 1000;
 /// served in place, on pages the cache kept resident (a `Vec` pushed again
 /// after a first push reuses the first push's pages from an eighth of its
 /// final size on, instead of faulting in all but the last doubling). The
-/// slack is the cached chunk's own, memory already held; it is counted in
-/// `cached_bytes` no more, and leaves with the chunk when MKL frees it or
-/// shrinks it by a quarter or more.
+/// slack is the cached chunk's own, memory already held; it leaves
+/// `cached_bytes` for `MemStats::slack_bytes`, is bounded with the cache by
+/// the one budget (a freed chunk is cached only while both fit), and
+/// leaves with the chunk when MKL frees it or shrinks it by a quarter or
+/// more (or less, where the budget has no room for the slack).
 pub(crate) const GROWTH_SLACK: usize = 8;
 
 /// Chunks of at least this many bytes are marked `MADV_FREE` as they enter
@@ -441,6 +444,16 @@ mod instance {
         (untag(p, got), got)
     }
 
+    /// Whether `extra` more bytes of growth slack fit the budget beside
+    /// the cache and the slack there is (always, while the cache is off:
+    /// then slack is only a mild shrink's tail, at most a quarter of a
+    /// live chunk).
+    pub(crate) fn slack_fits(extra: usize) -> bool {
+        extra == 0
+            || POLICY.get(read_env) == OFF
+            || CACHE.bytes() + crate::backing::slack::bytes() + extra <= CACHE.budget()
+    }
+
     /// Counts one small free of this thread; every [`TICKS`](super::TICKS)th
     /// checks the cache's decay (a thread-local countdown: no shared write,
     /// no clock read on the way).
@@ -494,7 +507,10 @@ mod instance {
     pub(crate) unsafe fn give(ptr: *mut u8, size: usize) -> bool {
         let now = now_ms();
         CACHE.decay(now, free_to_mkl);
-        if size > CACHE.budget().saturating_sub(CACHE.bytes()) {
+        // The budget bounds the cache and the live chunks' slack together
+        // (see `backing::slack`).
+        let held = CACHE.bytes() + crate::backing::slack::bytes();
+        if size > CACHE.budget().saturating_sub(held) {
             return false;
         }
         // Marked unless it is small and the unmarked chunks, with it, stay
@@ -536,6 +552,9 @@ mod instance {
     }
     pub(crate) fn held() -> (usize, usize) {
         (0, 0)
+    }
+    pub(crate) fn slack_fits(_extra: usize) -> bool {
+        true
     }
     pub(crate) fn empty() {}
     pub(crate) fn cached_bytes() -> usize {

@@ -10,7 +10,9 @@ use core::ffi::c_void;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::{LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, zeroing};
+use super::{
+    LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, slack, zeroing,
+};
 use crate::ffi;
 
 /// The previous functions, as the setup found them (the C runtime's by
@@ -270,9 +272,10 @@ unsafe extern "C" fn hook_calloc(num: usize, size: usize) -> *mut c_void {
 unsafe extern "C" fn hook_free(p: *mut c_void) {
     let addr = p as usize;
     if chunks::may_be_chunk(addr) {
-        if let Some(size) = chunks::remove(addr) {
+        if let Some(c) = chunks::remove_record(addr) {
+            slack::change(slack::of(c), 0);
             // SAFETY: MKL frees the chunk: nothing uses it any more.
-            unsafe { release(p.cast(), size) };
+            unsafe { release(p.cast(), c.size) };
             return;
         }
     }
@@ -394,6 +397,7 @@ fn new_chunk(n: usize) -> *mut u8 {
         unsafe { map::unmap(p, got) };
         return ptr::null_mut();
     }
+    slack::change(0, got - size);
     LAST.with(|c| c.set((p as usize, fresh)));
     if !SERVED.load(Relaxed) {
         SERVED.store(true, Relaxed);
@@ -455,22 +459,23 @@ unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> (*mut u8, bool
     if new <= old {
         // A shrink (below what was asked before) by a quarter of the
         // chunk or more gives the tail back; milder ones keep the chunk
-        // whole (a Vec trimming its last doubling's slack), and so does a
-        // growth within a chunk taken larger (see `block_cache::GROWTH_SLACK`).
+        // whole (a Vec trimming its last doubling's slack) while the slack
+        // fits the cache's budget, and so does a growth within a chunk
+        // taken larger (see `block_cache::GROWTH_SLACK`).
+        let mild = new > old - old / 4
+            && block_cache::slack_fits((old - new).saturating_sub(slack::of(c)));
         // SAFETY: `[p, p + old)` is the live chunk.
-        let size = if new < c.asked
-            && new <= old - old / 4
-            && unsafe { map::resize_in_place(p, old, new) }
-        {
+        let size = if new < c.asked && !mild && unsafe { map::resize_in_place(p, old, new) } {
             new
         } else {
             old
         };
         chunks::resize(p as usize, chunks::Chunk { size, asked: new });
+        slack::change(slack::of(c), size - new);
         return (p, true);
     }
     // SAFETY: the caller's contract.
-    let q = unsafe { grow_chunk(p, old, new) };
+    let q = unsafe { grow_chunk(p, c, new) };
     if !q.is_null() {
         return (q, true);
     }
@@ -492,6 +497,7 @@ unsafe fn move_to_prev(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
         return q;
     }
     chunks::remove(p as usize);
+    slack::change(slack::of(c), 0);
     // SAFETY: distinct live blocks: `p` maps `c.size >= c.asked` bytes,
     // `q` holds `n`; the chunk, out of the table, is released once.
     unsafe {
@@ -501,13 +507,14 @@ unsafe fn move_to_prev(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
     q
 }
 
-/// The live chunk `p` of `old` bytes grown to a chunk of `new > old`
-/// bytes (see [`resize_chunk`]); null if no chunk can be had, the chunk
-/// then as it was.
+/// The live chunk `p` (`c`: its record) grown to a chunk of
+/// `new > c.size` bytes (see [`resize_chunk`]); null if no chunk can be
+/// had, the chunk then as it was.
 ///
 /// # Safety
-/// `p` is a live chunk of `old` bytes.
-unsafe fn grow_chunk(p: *mut u8, old: usize, new: usize) -> *mut u8 {
+/// `p` is a live chunk recorded as `c`.
+unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
+    let old = c.size;
     let advise = huge_pages::applies(new);
     // SAFETY: the live chunk; a failed growth changes nothing.
     if unsafe { map::resize_in_place(p, old, new) } {
@@ -518,6 +525,7 @@ unsafe fn grow_chunk(p: *mut u8, old: usize, new: usize) -> *mut u8 {
                 asked: new,
             },
         );
+        slack::change(slack::of(c), 0);
         if advise {
             // SAFETY: the whole grown chunk is ours.
             unsafe { huge_pages::advise_chunk(p, new) };
@@ -552,6 +560,7 @@ unsafe fn grow_chunk(p: *mut u8, old: usize, new: usize) -> *mut u8 {
         return ptr::null_mut();
     }
     chunks::remove(p as usize);
+    slack::change(slack::of(c), size - new);
     // A cached target keeps its own pages past `old`; a fresh one grows
     // the moved mapping to `new` (zero-filled past `old`). `mremap` moves
     // one mapping only: a chunk made of two (one grown onto a cached
