@@ -84,6 +84,8 @@ mod map;
 #[cfg(windows)]
 #[path = "map_windows.rs"]
 mod map;
+#[cfg(all(target_os = "linux", not(miri)))]
+mod map_limit;
 pub(crate) mod slack;
 pub(crate) mod zeroing;
 
