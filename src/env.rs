@@ -47,6 +47,7 @@ pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
 /// `on` (any case) is on, `off` or `0` off; anything else (a byte count
 /// included, which means nothing for a switch) keeps the default, on, with
 /// `warning` written to stderr.
+#[cfg_attr(loom, allow(dead_code))] // the hooks are not built under loom
 pub(crate) fn read_switch(name: &CStr, warning: &[u8]) -> bool {
     let mut buf = crate::sys::EnvBuf::new();
     let value = crate::sys::env_var(name, &mut buf);
@@ -57,6 +58,7 @@ pub(crate) fn read_switch(name: &CStr, warning: &[u8]) -> bool {
 }
 
 /// Parses a switch's value (see [`read_switch`]).
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn parse_switch(v: &[u8]) -> Result<bool, ()> {
     match parse(v, 1) {
         Ok(None) => Ok(false),
