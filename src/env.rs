@@ -1,6 +1,6 @@
 //! Size policies read from the environment (`MKL_ALLOC_HUGE_PAGES`,
 //! `MKL_ALLOC_BLOCK_CACHE`): unset (the default), `off`, `on` or a byte
-//! count, read once (`sys::env_var`: libc's `getenv`, or
+//! count, and the switch `MKL_ALLOC_BACKING` (`off` or `on`), read once (`sys::env_var`: libc's `getenv`, or
 //! `GetEnvironmentVariableW` on Windows). The readers run inside the global
 //! allocator, so nothing here allocates: a byte parser, and one raw write
 //! to stderr for the warning.
@@ -41,6 +41,30 @@ pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
         crate::sys::write_stderr(warning);
         Some(on)
     })
+}
+
+/// Reads the on/off switch `name` (`MKL_ALLOC_BACKING`): unset, empty or
+/// `on` (any case) is on, `off` or `0` off; anything else (a byte count
+/// included, which means nothing for a switch) keeps the default, on, with
+/// `warning` written to stderr.
+#[cfg_attr(loom, allow(dead_code))] // the hooks are not built under loom
+pub(crate) fn read_switch(name: &CStr, warning: &[u8]) -> bool {
+    let mut buf = crate::sys::EnvBuf::new();
+    let value = crate::sys::env_var(name, &mut buf);
+    parse_switch(value).unwrap_or_else(|()| {
+        crate::sys::write_stderr(warning);
+        true
+    })
+}
+
+/// Parses a switch's value (see [`read_switch`]).
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) fn parse_switch(v: &[u8]) -> Result<bool, ()> {
+    match parse(v, 1) {
+        Ok(None) => Ok(false),
+        Ok(Some(_)) if v.is_empty() || v.eq_ignore_ascii_case(b"on") => Ok(true),
+        _ => Err(()),
+    }
 }
 
 /// A size threshold set from the environment on first use, or by the
@@ -103,7 +127,19 @@ impl SizePolicy {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, parse_switch};
+
+    #[test]
+    fn switch_values() {
+        assert_eq!(parse_switch(b""), Ok(true));
+        assert_eq!(parse_switch(b"on"), Ok(true));
+        assert_eq!(parse_switch(b"ON"), Ok(true));
+        assert_eq!(parse_switch(b"off"), Ok(false));
+        assert_eq!(parse_switch(b"0"), Ok(false));
+        assert_eq!(parse_switch(b"7"), Err(()));
+        assert_eq!(parse_switch(b"1"), Err(()));
+        assert_eq!(parse_switch(b"yes"), Err(()));
+    }
 
     #[test]
     fn values() {

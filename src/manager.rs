@@ -26,6 +26,20 @@ pub struct MemStats {
     pub cached_bytes: u64,
     /// How many chunks the block cache keeps.
     pub cached_buffers: u64,
+    /// Bytes of live chunks beneath MKL beyond what MKL asked for: mostly
+    /// what a growth kept of a larger cached chunk it moved onto, to grow
+    /// within it later. Resident, and neither in `bytes` nor in
+    /// `cached_bytes`; bounded with `cached_bytes` by the block cache's
+    /// budget.
+    ///
+    /// ```
+    /// let s = mkl_alloc::manager::stats();
+    /// let kept_beneath_mkl = s.cached_bytes + s.slack_bytes;
+    /// if let Some(budget) = mkl_alloc::block_cache::budget() {
+    ///     assert!(kept_beneath_mkl <= budget as u64);
+    /// }
+    /// ```
+    pub slack_bytes: u64,
     /// Whether MKL allocates from the crate's memory: if MKL ran before the
     /// crate's setup ([`Backing::MklRanFirst`](crate::backing::Backing)),
     /// the block cache and huge pages do not apply.
@@ -87,6 +101,7 @@ pub fn stats() -> MemStats {
         buffers: buffers.max(0) as u64,
         cached_bytes: cached_bytes as u64,
         cached_buffers: cached_buffers as u64,
+        slack_bytes: crate::backing::slack_bytes() as u64,
         backing: crate::backing::state(),
     }
 }

@@ -168,3 +168,49 @@ fn load_child() {
     // setup.
     assert_eq!(backing::state(), Backing::Active);
 }
+
+/// `MKL_ALLOC_BACKING` is a switch: `off` (or `0`) leaves MKL's pointers
+/// alone, `on` or unset sets them, and anything else sets them too, with
+/// the one-line warning the other variables give (`7` was taken as on
+/// without a word before).
+#[test]
+#[cfg_attr(miri, ignore = "starts a child process")]
+fn backing_variable_warns_on_a_value_other_than_on_or_off() {
+    const WARNING: &str = "mkl-alloc: MKL_ALLOC_BACKING must be off or on";
+    let run = |value: &str, expect: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "backing_env_child",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("MKL_ALLOC_BACKING", value)
+            .env("MKL_ALLOC_BACKING_EXPECT", expect)
+            .output()
+            .unwrap();
+        let (passed, text) = common::child_passed(&out);
+        assert!(passed, "MKL_ALLOC_BACKING={value:?}: {text}");
+        String::from_utf8_lossy(&out.stderr).contains(WARNING)
+    };
+    for ok in ["on", "ON", ""] {
+        assert!(!run(ok, "active"), "a warning for {ok:?}");
+    }
+    for off in ["off", "0"] {
+        assert!(!run(off, "off"), "a warning for {off:?}");
+    }
+    for bad in ["7", "yes", "1048576"] {
+        assert!(run(bad, "active"), "no warning for {bad:?}");
+    }
+}
+
+#[test]
+#[ignore = "run by backing_variable_warns_on_a_value_other_than_on_or_off in a child process"]
+fn backing_env_child() {
+    manager::init();
+    let expect = match std::env::var("MKL_ALLOC_BACKING_EXPECT").unwrap().as_str() {
+        "off" => Backing::Off,
+        _ => Backing::Active,
+    };
+    assert_eq!(backing::state(), expect);
+}

@@ -124,9 +124,10 @@ fn join<'a>(buf: &'a mut [u8], parts: &[&[u8]]) -> Option<&'a [u8]> {
     Some(&buf[..len])
 }
 
-/// Reads up to `buf.len() - 1` bytes of the file at `path` into `buf`.
+/// Reads up to `buf.len() - 1` bytes of the file at `path` into `buf`,
+/// without allocating (`open`/`read` into the caller's buffer).
 #[cfg(target_os = "linux")]
-fn read_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+pub(super) fn read_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
     let mut name = [0u8; 4097];
     name.get_mut(..path.len())?.copy_from_slice(path);
     // SAFETY: `name` is NUL-terminated (zeroed past `path`, which holds no

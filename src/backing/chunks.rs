@@ -156,10 +156,19 @@ impl Table {
     /// Forgets the chunk `addr` and returns its size, or `None` (not a
     /// chunk).
     pub fn remove(&self, addr: usize) -> Option<usize> {
+        self.remove_record(addr).map(|c| c.size)
+    }
+
+    /// Forgets the chunk `addr` and returns its record, or `None` (not a
+    /// chunk).
+    pub fn remove_record(&self, addr: usize) -> Option<Chunk> {
         let slot = self.slot(addr)?;
-        let size = slot.size.load(Relaxed);
+        let c = Chunk {
+            size: slot.size.load(Relaxed),
+            asked: slot.asked.load(Relaxed),
+        };
         slot.key.store(0, Release);
-        Some(size)
+        Some(c)
     }
 
     /// Records a new record for the live chunk `addr` (after a resize in
@@ -194,6 +203,13 @@ pub(crate) fn get(addr: usize) -> Option<Chunk> {
 #[cfg(not(loom))]
 pub(crate) fn remove(addr: usize) -> Option<usize> {
     TABLE.remove(addr)
+}
+
+/// Forgets the chunk `addr`, returning its record (see
+/// [`Table::remove_record`]).
+#[cfg(not(loom))]
+pub(crate) fn remove_record(addr: usize) -> Option<Chunk> {
+    TABLE.remove_record(addr)
 }
 
 /// A new record for the live chunk `addr` (see [`Table::resize`]).

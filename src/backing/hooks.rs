@@ -10,7 +10,9 @@ use core::ffi::c_void;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::{LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, zeroing};
+use super::{
+    LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, slack, zeroing,
+};
 use crate::ffi;
 
 /// The previous functions, as the setup found them (the C runtime's by
@@ -42,7 +44,7 @@ pub(super) fn install() {
     {
         const WARNING: &[u8] =
             b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
-        if crate::env::read(c"MKL_ALLOC_BACKING", 1, WARNING).is_none() {
+        if !crate::env::read_switch(c"MKL_ALLOC_BACKING", WARNING) {
             STATE.store(3, Relaxed);
             return;
         }
@@ -270,9 +272,10 @@ unsafe extern "C" fn hook_calloc(num: usize, size: usize) -> *mut c_void {
 unsafe extern "C" fn hook_free(p: *mut c_void) {
     let addr = p as usize;
     if chunks::may_be_chunk(addr) {
-        if let Some(size) = chunks::remove(addr) {
+        if let Some(c) = chunks::remove_record(addr) {
+            slack::change(slack::of(c), 0);
             // SAFETY: MKL frees the chunk: nothing uses it any more.
-            unsafe { release(p.cast(), size) };
+            unsafe { release(p.cast(), c.size) };
             return;
         }
     }
@@ -291,8 +294,8 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     if chunks::may_be_chunk(addr) {
         if let Some(old) = chunks::get(addr) {
             // SAFETY: a live chunk, as recorded, that MKL resizes.
-            let q = unsafe { resize_chunk(p.cast(), old, n) };
-            if !q.is_null() {
+            let (q, chunk) = unsafe { resize_chunk(p.cast(), old, n) };
+            if chunk {
                 LAST.with(|c| c.set((q as usize, false)));
             }
             return q.cast();
@@ -394,6 +397,7 @@ fn new_chunk(n: usize) -> *mut u8 {
         unsafe { map::unmap(p, got) };
         return ptr::null_mut();
     }
+    slack::change(0, got - size);
     LAST.with(|c| c.set((p as usize, fresh)));
     if !SERVED.load(Relaxed) {
         SERVED.store(true, Relaxed);
@@ -434,36 +438,83 @@ unsafe fn release(p: *mut u8, size: usize) {
     }
 }
 
-/// The chunk `p` (`c`: its record) resized for a request of `n` bytes:
-/// within its size where it fits, else in place where the address space
-/// allows, else moved (page tables, not bytes) onto a cached chunk, whose
-/// pages are already there, or onto a fresh mapping. Null on failure, the
-/// chunk then as it was.
+/// The chunk `p` (`c`: its record) resized for a request of `n` bytes,
+/// and whether the block returned is a chunk: within its size where it
+/// fits, else in place where the address space allows, else moved (page
+/// tables, not bytes) onto a cached chunk, whose pages are already there,
+/// or onto a fresh mapping. Where no chunk can be had for it (the chunk
+/// table's window is full, or the kernel refuses a mapping: its
+/// `vm.max_map_count`), the block is copied into one of the previous
+/// functions, as a new allocation would have been: a full table never
+/// fails a growth that memory can serve. Null on failure, the chunk then
+/// as it was.
 ///
 /// # Safety
 /// `p` is a live chunk recorded as `c`.
-unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
+unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> (*mut u8, bool) {
     let Some(new) = map::round(n.max(1)) else {
-        return ptr::null_mut();
+        return (ptr::null_mut(), false);
     };
     let old = c.size;
     if new <= old {
         // A shrink (below what was asked before) by a quarter of the
         // chunk or more gives the tail back; milder ones keep the chunk
-        // whole (a Vec trimming its last doubling's slack), and so does a
-        // growth within a chunk taken larger (see `block_cache::GROWTH_SLACK`).
+        // whole (a Vec trimming its last doubling's slack) while the slack
+        // fits the cache's budget, and so does a growth within a chunk
+        // taken larger (see `block_cache::GROWTH_SLACK`).
+        let mild = new > old - old / 4
+            && block_cache::slack_fits((old - new).saturating_sub(slack::of(c)));
         // SAFETY: `[p, p + old)` is the live chunk.
-        let size = if new < c.asked
-            && new <= old - old / 4
-            && unsafe { map::resize_in_place(p, old, new) }
-        {
+        let size = if new < c.asked && !mild && unsafe { map::resize_in_place(p, old, new) } {
             new
         } else {
             old
         };
         chunks::resize(p as usize, chunks::Chunk { size, asked: new });
-        return p;
+        slack::change(slack::of(c), size - new);
+        return (p, true);
     }
+    // SAFETY: the caller's contract.
+    let q = unsafe { grow_chunk(p, c, new) };
+    if !q.is_null() {
+        return (q, true);
+    }
+    // SAFETY: the caller's contract; `grow_chunk` left the chunk as it was.
+    (unsafe { move_to_prev(p, c, n) }, false)
+}
+
+/// The live chunk `p` (`c`: its record) moved into a block of `n` bytes
+/// of the previous functions (its first `min(c.asked, n)` bytes copied:
+/// everything MKL's block holds), the chunk then released as a free
+/// would; null if they cannot serve it either (the chunk then as it was).
+///
+/// # Safety
+/// `p` is a live chunk recorded as `c`.
+unsafe fn move_to_prev(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
+    // SAFETY: malloc's contract.
+    let q = retry(|| unsafe { prev_malloc(n) }).cast::<u8>();
+    if q.is_null() {
+        return q;
+    }
+    chunks::remove(p as usize);
+    slack::change(slack::of(c), 0);
+    // SAFETY: distinct live blocks: `p` maps `c.size >= c.asked` bytes,
+    // `q` holds `n`; the chunk, out of the table, is released once.
+    unsafe {
+        ptr::copy_nonoverlapping(p, q, c.asked.min(n));
+        release(p, c.size);
+    }
+    q
+}
+
+/// The live chunk `p` (`c`: its record) grown to a chunk of
+/// `new > c.size` bytes (see [`resize_chunk`]); null if no chunk can be
+/// had, the chunk then as it was.
+///
+/// # Safety
+/// `p` is a live chunk recorded as `c`.
+unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
+    let old = c.size;
     let advise = huge_pages::applies(new);
     // SAFETY: the live chunk; a failed growth changes nothing.
     if unsafe { map::resize_in_place(p, old, new) } {
@@ -474,6 +525,7 @@ unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
                 asked: new,
             },
         );
+        slack::change(slack::of(c), 0);
         if advise {
             // SAFETY: the whole grown chunk is ours.
             unsafe { huge_pages::advise_chunk(p, new) };
@@ -508,6 +560,7 @@ unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
         return ptr::null_mut();
     }
     chunks::remove(p as usize);
+    slack::change(slack::of(c), size - new);
     // A cached target keeps its own pages past `old`; a fresh one grows
     // the moved mapping to `new` (zero-filled past `old`). `mremap` moves
     // one mapping only: a chunk made of two (one grown onto a cached

@@ -18,6 +18,8 @@ use core::ffi::c_void;
 use core::ptr;
 
 use super::chunks::CHUNK_ALIGN;
+#[cfg(not(miri))]
+use super::map_limit;
 
 use super::PAGE;
 
@@ -29,14 +31,20 @@ pub(crate) fn round(size: usize) -> Option<usize> {
 }
 
 /// A fresh chunk of `size` bytes (a multiple of [`PAGE`]) on a
-/// [`CHUNK_ALIGN`] boundary, or null. Its pages read as zero.
+/// [`CHUNK_ALIGN`] boundary, or null: also where the crate keeps as many
+/// chunks as the kernel's mapping limit allows it (`map_limit`). Its pages
+/// read as zero.
 #[cfg(not(miri))]
 pub(crate) fn map(size: usize) -> *mut u8 {
     let Some(span) = size.checked_add(CHUNK_ALIGN - PAGE) else {
         return ptr::null_mut();
     };
+    if !map_limit::claim() {
+        return ptr::null_mut();
+    }
     let base = raw_map(span);
     if base.is_null() {
+        map_limit::release();
         return base;
     }
     let addr = base as usize;
@@ -92,6 +100,7 @@ pub(crate) fn map_large(_size: usize) -> (*mut u8, usize) {
 pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
     // SAFETY: the caller's contract: the whole range is ours and unused.
     unsafe { libc::munmap(p.cast(), size) };
+    map_limit::release();
 }
 
 /// Resizes the chunk `p` of `old` bytes to `new` bytes (multiples of
@@ -133,6 +142,8 @@ pub(crate) unsafe fn move_onto(p: *mut u8, old: usize, new: usize, target: *mut 
     if q == libc::MAP_FAILED {
         ptr::null_mut()
     } else {
+        // The chunk `p` is now part of the chunk at `target`.
+        map_limit::release();
         q.cast()
     }
 }

@@ -84,6 +84,9 @@ mod map;
 #[cfg(windows)]
 #[path = "map_windows.rs"]
 mod map;
+#[cfg(all(target_os = "linux", not(miri)))]
+mod map_limit;
+pub(crate) mod slack;
 pub(crate) mod zeroing;
 
 use core::cell::Cell;
@@ -207,6 +210,12 @@ pub(crate) fn install() {
     hooks::install();
     #[cfg(any(not(any(target_os = "linux", windows)), loom))]
     STATE.store(3, Relaxed);
+}
+
+/// Bytes of growth slack in live chunks (see `slack`); 0 where there are
+/// no chunks.
+pub(crate) fn slack_bytes() -> usize {
+    slack::bytes()
 }
 
 /// Gives a chunk that left the block cache back to the system.
