@@ -30,13 +30,25 @@
 //! carries the `FENCE` bit instead and every call pays a `SeqCst` fence.
 //!
 //! **Thread exit.** The slot's owner also marks itself (`held`) across the
-//! `pthread_key` destructors of its exit, MKL's clean-up among them: the
-//! crate's key is created at the setup, before its first MKL call, so it
-//! precedes MKL's keys and its destructor runs first in the first round;
-//! it re-arms itself and, in the second round (after MKL's clean-up),
-//! gives the slot back. A slot whose thread died with `held` set (its
-//! first MKL call came during a late destructor round) is found by the
-//! prepare handler (`tgkill(pid, tid, 0)` fails) and given back.
+//! `pthread_key` destructors of its exit, MKL's clean-up among them. Its
+//! first MKL call registers a TLS destructor (glibc's
+//! `__cxa_thread_atexit_impl`, looked up at the setup), which glibc runs
+//! before every `pthread_key` destructor: it marks the thread. The
+//! crate's own key's destructor re-arms itself in the first round and, in
+//! the second (after MKL's clean-up, whichever key comes first), gives
+//! the slot back. The key order alone is not enough: MKL creates its key
+//! at its first call, and a program that calls MKL before the crate's
+//! setup (Python's `mkl_fft` imported before `mkl_alloc`) has MKL's key
+//! first, so MKL's clean-up ran before the crate's destructor, unmarked
+//! (issue 34; `tests/fork_mkl_first.rs`). Where the TLS destructor is
+//! missing (glibc before 2.18, musl) the key's first round marks the
+//! thread, as before: covered only when the crate's key comes first. The
+//! main thread is not marked by its TLS destructor (it runs in `exit`,
+//! after which no key destructor gives the mark back). A thread marked
+//! `held` stays so through the TLS and key destructors that run after its
+//! mark: a fork waits for them. A slot whose thread died with `held` set
+//! (its first MKL call came during a late destructor round) is found by
+//! the prepare handler (`tgkill(pid, tid, 0)` fails) and given back.
 //!
 //! **The order** in which the prepare handler takes everything (process.rs
 //! says it too): (1) the rare-call lock, (2) the gate: wait until no thread
@@ -147,6 +159,24 @@ mod real {
     /// (0: not created yet).
     static KEY: AtomicUsize = AtomicUsize::new(0);
 
+    /// The thread is not exiting.
+    const RUNNING: u8 = 0;
+    /// The thread is exiting, marked `held` (by its TLS destructor, or by
+    /// the first round of its key's destructor).
+    const MARKED: u8 = 1;
+    /// The key's destructor ran its first round and re-armed itself: its
+    /// second round gives the slot back.
+    const ARMED: u8 = 2;
+
+    /// glibc's `__cxa_thread_atexit_impl` (0: not found; looked up at the
+    /// setup: glibc 2.18+, so it is not linked, for the manylinux2014
+    /// wheels' glibc 2.17).
+    static CXA_THREAD_ATEXIT: AtomicUsize = AtomicUsize::new(0);
+
+    /// `int __cxa_thread_atexit_impl(void (*)(void *), void *, void *dso)`.
+    type CxaThreadAtexit =
+        unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> i32;
+
     /// This thread's slot: null before its first MKL call, [`NO_SLOT`]
     /// when it has none (all taken, or given back at its exit).
     const NO_SLOT: *const Slot = ptr::without_provenance(1);
@@ -155,8 +185,9 @@ mod real {
         static MINE: Cell<*const Slot> = const { Cell::new(ptr::null()) };
         /// This thread's part of [`OVERFLOW`] (for a fork from a signal handler).
         static MY_OVERFLOW: Cell<usize> = const { Cell::new(0) };
-        /// Whether this thread's exit destructor ran its first round.
-        static EXITING: Cell<bool> = const { Cell::new(false) };
+        /// Where this thread is in its exit: [`RUNNING`], [`MARKED`] or
+        /// [`ARMED`].
+        static EXIT: Cell<u8> = const { Cell::new(RUNNING) };
         /// What this thread's prepare handler took (see [`prepare`]).
         static TOOK_RARE: Cell<bool> = const { Cell::new(false) };
     }
@@ -289,6 +320,24 @@ mod real {
                 // keys' values in the thread's descriptor (no allocation).
                 unsafe { libc::pthread_setspecific(key, ptr::from_ref(s).cast()) };
             }
+            let cxa = CXA_THREAD_ATEXIT.load(Relaxed);
+            if cxa != 0 {
+                // SAFETY: CXA_THREAD_ATEXIT holds the address of glibc's
+                // `__cxa_thread_atexit_impl` (see `setup`), of this type.
+                let f = unsafe { core::mem::transmute::<usize, CxaThreadAtexit>(cxa) };
+                // SAFETY: registers `on_thread_exit` (which never unwinds)
+                // with a static slot; the DSO is this module's (a static of
+                // it), kept loaded while the thread lives. glibc allocates
+                // the entry with its own `calloc`, never this crate's
+                // allocator, and this runs outside any MKL call.
+                unsafe {
+                    f(
+                        on_thread_exit,
+                        ptr::from_ref(s).cast_mut().cast(),
+                        ptr::from_ref(&KEY).cast_mut().cast(),
+                    )
+                };
+            }
             return true;
         }
         MINE.set(NO_SLOT);
@@ -317,9 +366,30 @@ mod real {
         }
     }
 
-    /// The exit destructor. First round: mark the thread `held` (waiting
-    /// at the gate like an MKL call) and re-arm, so that MKL's clean-up,
-    /// whose key comes later, runs marked. Second round: give the slot back.
+    /// The thread's TLS destructor (`__cxa_thread_atexit_impl`'s), which
+    /// glibc runs at a thread's exit before every `pthread_key` destructor:
+    /// marks the thread `held` before MKL's clean-up can run, whichever key
+    /// came first (issue 34: MKL called before the crate's setup creates
+    /// its key first, and its clean-up then ran before `on_exit`'s first
+    /// round, unmarked). Not on the main thread: its TLS destructors run in
+    /// `exit`, which runs no key destructor after them (nothing would give
+    /// the mark back), and where MKL's clean-up does not run either.
+    unsafe extern "C" fn on_thread_exit(value: *mut c_void) {
+        let slot = value.cast_const().cast::<Slot>();
+        if slot != MINE.get() || EXIT.get() != RUNNING {
+            return;
+        }
+        // SAFETY: gettid and getpid take no arguments and cannot fail.
+        if unsafe { libc::syscall(libc::SYS_gettid) } as i32 == unsafe { libc::getpid() } {
+            return;
+        }
+        // SAFETY: the value set in `claim`: a static slot this thread owns.
+        mark_exiting(unsafe { &*slot });
+    }
+
+    /// The exit destructor (the key's). First round: mark the thread `held`
+    /// unless its TLS destructor did, and re-arm, so that MKL's clean-up
+    /// runs marked if its key comes later. Second round: give the slot back.
     unsafe extern "C" fn on_exit(value: *mut c_void) {
         let slot = value.cast_const().cast::<Slot>();
         if slot != MINE.get() {
@@ -327,24 +397,11 @@ mod real {
         }
         // SAFETY: the value set in `claim`: a static slot this thread owns.
         let s = unsafe { &*slot };
-        if !EXITING.get() {
-            EXITING.set(true);
-            s.held.store(1, Relaxed);
-            compiler_fence(SeqCst);
-            while GATE.load(Relaxed) != 0 {
-                let mut g = GATE.load(Relaxed);
-                if g & FENCE != 0 {
-                    fence(SeqCst);
-                    g = GATE.load(Relaxed);
-                }
-                if g & PENDING == 0 {
-                    break;
-                }
-                s.held.store(0, Release);
-                wait_for_fork();
-                s.held.store(1, Relaxed);
-                compiler_fence(SeqCst);
+        if EXIT.get() != ARMED {
+            if EXIT.get() == RUNNING {
+                mark_exiting(s);
             }
+            EXIT.set(ARMED);
             if let Some(key) = key() {
                 // SAFETY: re-arms this thread's value of our key for the
                 // next destructor round (no allocation, see `claim`).
@@ -354,6 +411,28 @@ mod real {
         }
         release(s);
         MINE.set(NO_SLOT);
+    }
+
+    /// Marks this exiting thread `held` (waiting at the gate like an MKL
+    /// call while a fork is pending).
+    fn mark_exiting(s: &Slot) {
+        EXIT.set(MARKED);
+        s.held.store(1, Relaxed);
+        compiler_fence(SeqCst);
+        while GATE.load(Relaxed) != 0 {
+            let mut g = GATE.load(Relaxed);
+            if g & FENCE != 0 {
+                fence(SeqCst);
+                g = GATE.load(Relaxed);
+            }
+            if g & PENDING == 0 {
+                break;
+            }
+            s.held.store(0, Release);
+            wait_for_fork();
+            s.held.store(1, Relaxed);
+            compiler_fence(SeqCst);
+        }
     }
 
     /// Gives a slot back (its owner left MKL and is exiting, or is gone).
@@ -410,11 +489,18 @@ mod real {
     }
 
     /// Once, at the process's setup, before its first MKL call: creates
-    /// the exit destructor's key (so that it precedes MKL's keys) and
-    /// registers `membarrier`; the gate's `FENCE` bit is cleared if that
-    /// succeeded.
+    /// the exit destructor's key (so that it precedes MKL's keys, unless
+    /// MKL ran first), looks up `__cxa_thread_atexit_impl` (see
+    /// `on_thread_exit`) and registers `membarrier`; the gate's `FENCE`
+    /// bit is cleared if that succeeded.
     pub(crate) fn setup() {
         let _ = key();
+        if CXA_THREAD_ATEXIT.load(Relaxed) == 0 {
+            // SAFETY: looks a symbol up by a NUL-terminated name.
+            let f =
+                unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__cxa_thread_atexit_impl".as_ptr()) };
+            CXA_THREAD_ATEXIT.store(f.addr(), Relaxed);
+        }
         if GATE.load(Relaxed) & FENCE != 0 && register_membarrier() {
             GATE.fetch_and(!FENCE, SeqCst);
         }
