@@ -130,8 +130,9 @@ static AT_LOAD_WINDOWS: extern "C" fn() = {
 pub(crate) fn setup() {
     // Each reads its variable if nothing set the policy yet (under loom the
     // allocation path has no cache: loom models the shards directly).
-    // First: the exit destructor's key must precede MKL's keys, which MKL
-    // creates at its first call (see fork_guard).
+    // First: the fork guard's thread-exit marking (its key, and the lookup
+    // of glibc's thread-exit destructors, which run before MKL's key
+    // destructors whatever order the keys were made in; see fork_guard).
     fork_guard::setup();
     #[cfg(not(loom))]
     let _ = block_cache::budget();

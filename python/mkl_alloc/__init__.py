@@ -161,6 +161,10 @@ class _MemStat(_MklCounts):
       empties it, and the cache gives back on its own what it keeps unused);
     - ``cached_bytes``, ``cached_buffers``: what the block cache keeps
       beneath MKL, at the chunks' true sizes, apart from MKL's count;
+    - ``slack_bytes``: what live chunks keep beyond the sizes MKL asked
+      for (a block grown onto a larger cached chunk keeps the rest for its
+      next growth), bounded with the cache by the one budget; what the
+      crate keeps beneath MKL is ``cached_bytes + slack_bytes``;
     - ``live_bytes``, ``live_buffers``: the memory the program holds, MKL's
       count (the same as ``allocated_*``; kept for code that read them when
       MKL's count included the cache). Both count the small blocks (up to
@@ -176,7 +180,7 @@ class _MemStat(_MklCounts):
     # in an instance made without __new__ (namedtuple's _make, as
     # _make([bytes, buffers])).
     __slots__ = ()
-    _cached: tuple[int, int] = (0, 0)
+    _cached: tuple[int, int, int] = (0, 0, 0)
 
     def __new__(
         cls,
@@ -184,9 +188,10 @@ class _MemStat(_MklCounts):
         allocated_buffers: int,
         cached_bytes: int = 0,
         cached_buffers: int = 0,
+        slack_bytes: int = 0,
     ) -> Self:
         self = super().__new__(cls, allocated_bytes, allocated_buffers)
-        object.__setattr__(self, "_cached", (cached_bytes, cached_buffers))
+        object.__setattr__(self, "_cached", (cached_bytes, cached_buffers, slack_bytes))
         return self
 
     @property
@@ -198,6 +203,11 @@ class _MemStat(_MklCounts):
     def cached_buffers(self) -> int:
         """Chunks the block cache keeps beneath MKL (not in MKL's count)."""
         return self._cached[1]
+
+    @property
+    def slack_bytes(self) -> int:
+        """Bytes live chunks keep beyond what MKL asked for (growth slack, not in MKL's count)."""
+        return self._cached[2]
 
     @property
     def live_bytes(self) -> int:
@@ -219,19 +229,21 @@ class _MemStat(_MklCounts):
         return (
             f"MemStat(allocated_bytes={self.allocated_bytes}, "
             f"allocated_buffers={self.allocated_buffers}, "
-            f"cached_bytes={self.cached_bytes}, cached_buffers={self.cached_buffers})"
+            f"cached_bytes={self.cached_bytes}, cached_buffers={self.cached_buffers}, "
+            f"slack_bytes={self.slack_bytes})"
         )
 
-    def __reduce__(self) -> tuple[type[Self], tuple[int, int, int, int]]:
+    def __reduce__(self) -> tuple[type[Self], tuple[int, int, int, int, int]]:
         return (type(self), (*self, *self._cached))
 
     def _replace(self, **changes: Any) -> Self:
-        """A copy with some of the four counts changed."""
+        """A copy with some of the five counts changed."""
         fields = {
             "allocated_bytes": self.allocated_bytes,
             "allocated_buffers": self.allocated_buffers,
             "cached_bytes": self.cached_bytes,
             "cached_buffers": self.cached_buffers,
+            "slack_bytes": self.slack_bytes,
         }
         unknown = changes.keys() - fields.keys()
         if unknown:

@@ -50,6 +50,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(numpy_handler::numpy_handler, m)?)?;
     m.add_function(wrap_pyfunction!(numpy_handler::set_numpy_handler, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack::_is_mkl_dlpack, m)?)?;
-    m.add("SizeOverflowError", mkl_memory::size_overflow_error(m.py())?)?;
+    m.add(
+        "SizeOverflowError",
+        mkl_memory::size_overflow_error(m.py())?,
+    )?;
     Ok(())
 }

@@ -11,14 +11,21 @@ use mkl_alloc::{ffi as mkl_ffi, manager};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// _mem_stat() -> (bytes, buffers, cached_bytes, cached_buffers): what
-/// MKL's memory manager has allocated right now (``MKL_Mem_Stat``), and how
-/// much of it is freed blocks the crate's block cache keeps for reuse (MKL
-/// still counts them). Wrapped by ``mkl_alloc.mem_stat``.
+/// _mem_stat() -> (bytes, buffers, cached_bytes, cached_buffers,
+/// slack_bytes): what MKL's memory manager has allocated right now
+/// (``MKL_Mem_Stat``, live blocks), what the crate's block cache keeps
+/// beneath MKL, and the slack live chunks keep beyond what MKL asked for
+/// (a growth onto a larger cached chunk). Wrapped by ``mkl_alloc.mem_stat``.
 #[pyfunction]
-pub fn _mem_stat() -> (u64, u64, u64, u64) {
+pub fn _mem_stat() -> (u64, u64, u64, u64, u64) {
     let s = manager::stats();
-    (s.bytes, s.buffers, s.cached_bytes, s.cached_buffers)
+    (
+        s.bytes,
+        s.buffers,
+        s.cached_bytes,
+        s.cached_buffers,
+        s.slack_bytes,
+    )
 }
 
 /// backing() -> str: whether MKL allocates from the crate's memory

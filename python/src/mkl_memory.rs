@@ -121,7 +121,10 @@ pub(crate) fn size_overflow_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>
         let builtins = py.import("builtins")?;
         let bases = PyTuple::new(
             py,
-            [builtins.getattr("OverflowError")?, builtins.getattr("MemoryError")?],
+            [
+                builtins.getattr("OverflowError")?,
+                builtins.getattr("MemoryError")?,
+            ],
         )?;
         let namespace = PyDict::new(py);
         namespace.set_item("__module__", "mkl_alloc")?;

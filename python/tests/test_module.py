@@ -56,15 +56,17 @@ def test_mem_stat_tells_cached_from_live_bytes():
         assert s.cached_bytes == 0
     assert repr(s) == (
         f"MemStat(allocated_bytes={s[0]}, allocated_buffers={s[1]}, "
-        f"cached_bytes={s.cached_bytes}, cached_buffers={s.cached_buffers})"
+        f"cached_bytes={s.cached_bytes}, cached_buffers={s.cached_buffers}, "
+        f"slack_bytes={s.slack_bytes})"
     )
     mkl_alloc.free_buffers()
 
 
 def test_mem_stat_is_a_read_only_record_that_copies_whole():
-    s = mkl_alloc.MemStat(100, 3, 40, 1)
+    s = mkl_alloc.MemStat(100, 3, 40, 1, 24)
     assert len(s) == 2 and tuple(s) == (100, 3) and s == (100, 3)
     assert (s.cached_bytes, s.cached_buffers, s.live_bytes, s.live_buffers) == (40, 1, 100, 3)
+    assert s.slack_bytes == 24 and s._replace(slack_bytes=0).slack_bytes == 0
     assert s._asdict() == {"allocated_bytes": 100, "allocated_buffers": 3}
     for copied in (pickle.loads(pickle.dumps(s)), copy.copy(s), copy.deepcopy(s),
                    s._replace()):
