@@ -40,13 +40,17 @@ static MKL_BEFORE_THE_SETUP: extern "C" fn() = {
     first
 };
 
-/// Forks to run: 3,000 (`MKL_ALLOC_FORKS` sets another count); the test
-/// stops at the first hung child.
+/// Forks to run: 3,000, or 200 at valgrind's scale
+/// (`MKL_ALLOC_TEST_SCALE=small`: there each fork copies valgrind's own
+/// state, ~0.1 s, and its run is about memory errors, not the race);
+/// `MKL_ALLOC_FORKS` sets another count. The test stops at the first hung
+/// child.
 fn forks() -> usize {
+    let small = std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small");
     std::env::var("MKL_ALLOC_FORKS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3000)
+        .unwrap_or(if small { 200 } else { 3000 })
 }
 
 /// Every thread's stack of a hung process, from gdb (if it is there).

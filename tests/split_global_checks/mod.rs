@@ -258,7 +258,17 @@ fn fork_while_threads_allocate_on_both_sides() {
             })
         })
         .collect();
-    let forks = if cfg!(debug_assertions) { 50 } else { 200 };
+    // Valgrind's scale (`MKL_ALLOC_TEST_SCALE=small`): 8 forks, each of
+    // which copies valgrind's state while both workers run serialised
+    // beside it (~4 s a fork over mimalloc there).
+    let small = std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small");
+    let forks = if small {
+        8
+    } else if cfg!(debug_assertions) {
+        50
+    } else {
+        200
+    };
     for fork in 0..forks {
         // SAFETY: the child only allocates, checks and `_exit`s.
         let pid = unsafe { libc::fork() };
