@@ -42,7 +42,7 @@
 //!
 //! With `DOCS_RS` set nothing is provisioned or linked (`cargo doc` needs no MKL);
 //! nor under Miri (`CARGO_CFG_MIRI`, set for build scripts by `cargo miri`),
-//! where `src/ffi/miri.rs` emulates MKL and nothing is linked.
+//! where `src/ffi/miri/` emulates MKL and nothing is linked.
 //!
 //! Environment: `MKL_ALLOC_CACHE` (cache directory), `MKL_ALLOC_NO_DOWNLOAD=1`
 //! or `CARGO_NET_OFFLINE=true` (never fetch), `PYTHON` (the interpreter that
@@ -102,7 +102,7 @@ fn main() {
             return Ok(()); // docs need no MKL: link nothing, fetch nothing
         }
         if env::var_os("CARGO_CFG_MIRI").is_some() {
-            return Ok(()); // Miri runs src/ffi/miri.rs, not MKL: nothing to link
+            return Ok(()); // Miri runs src/ffi/miri/, not MKL: nothing to link
         }
         // By the target, not the host: a cross-build for Windows runs this
         // script on Linux.

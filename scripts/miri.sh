@@ -5,7 +5,7 @@
 # detector and leak check on (its defaults).
 #
 # Miri cannot call MKL: under cfg(miri) `ffi` is served by the emulation in
-# src/ffi/miri.rs (MKL's contract over std's System allocator) and the
+# src/ffi/miri/ (MKL's contract over std's System allocator) and the
 # build script links nothing. The emulation takes large blocks (1 MiB and
 # more with MKL's overhead) through MKL's memory pointers, as MKL does, so
 # the backing beneath MKL (its hooks, chunk registry and block cache) runs
@@ -18,7 +18,7 @@
 # Then each model runs the tests that resize blocks (SharedMklVec's growth
 # and shrinks, collections, the C heap's realloc, tests/miri_modes.rs and
 # the emulation's own tests) once more in a mode of the emulation
-# (MKL_ALLOC_MIRI_MODE, see src/ffi/miri.rs), which walks branches the
+# (MKL_ALLOC_MIRI_MODE, see src/ffi/miri/mode.rs), which walks branches the
 # default never takes; output in target/miri-logs/MODEL-MODE.log:
 # - in-place, under Stacked Borrows: MKL_realloc resizes in place where the
 #   block has room (every shrink; growth into room the emulation keeps

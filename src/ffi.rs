@@ -17,7 +17,7 @@
 //!
 //! Under Miri (`cfg(miri)`), which cannot call C, these functions are served
 //! by an emulation over `std::alloc::System` that keeps MKL's contract as the
-//! crate relies on it: `src/ffi/miri.rs`, compiled into no other build.
+//! crate relies on it: `src/ffi/miri/`, compiled into no other build.
 #![allow(non_snake_case)]
 
 use core::ffi::c_int;

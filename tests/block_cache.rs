@@ -214,7 +214,7 @@ fn decay_goes_on_through_small_frees_of_every_path() {
     for (name, small_free) in paths {
         if cfg!(miri) && name == "MKL's small blocks" {
             // Miri's emulated MKL keeps its small blocks off MKL's memory
-            // pointers (exact System blocks, src/ffi/miri.rs): their frees
+            // pointers (exact System blocks, src/ffi/miri/placement.rs): their frees
             // never reach the hooks, which is where MKL's small frees tick.
             continue;
         }

@@ -1,7 +1,7 @@
 //! Resizes that MKL may do in place or by moving, checked whichever it
 //! does: natively against MKL (which shrinks in place and grows in place
 //! within the block it holds), and under Miri against each mode of the
-//! emulation (src/ffi/miri.rs, `MKL_ALLOC_MIRI_MODE`), where what happens
+//! emulation (src/ffi/miri/mode.rs, `MKL_ALLOC_MIRI_MODE`), where what happens
 //! is known and asserted: in `in-place` the in-place branches run (a
 //! `SharedMklVec` keeping its pointer and MKL's count), in the other modes
 //! every resize through `MKL_realloc` moves; in `misaligned-realloc` the

@@ -8,7 +8,7 @@
 //!
 //! Under Miri, which has no `mremap` or `madvise` and maps no pages, a
 //! chunk is one zeroed allocation of the emulated machine's memory
-//! (`ffi::kernel_map`, src/ffi/miri.rs) at [`CHUNK_ALIGN`]: nothing is
+//! (`ffi::kernel_map`, src/ffi/miri/machine.rs) at [`CHUNK_ALIGN`]: nothing is
 //! resized in place or moved (the callers then copy), and `lazy_free` keeps
 //! the contents. A chunk thus never changes size under Miri, and `unmap`
 //! frees it with the layout it was made with.

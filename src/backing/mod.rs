@@ -54,7 +54,7 @@
 //! functions beneath the hooks are the process heap's (`HeapAlloc`), or
 //! those the Intel runtime's DLL held.
 //!
-//! **Under Miri** the emulated MKL (src/ffi/miri.rs) takes its large
+//! **Under Miri** the emulated MKL (src/ffi/miri/large.rs) takes its large
 //! blocks through the same four pointers, as MKL does, so the hooks, the
 //! registry and the cache run there too, on chunks of the emulated
 //! machine's memory that are never resized in place (`map`).
