@@ -144,6 +144,11 @@ pub(crate) unsafe fn move_onto(p: *mut u8, old: usize, new: usize, target: *mut 
     } else {
         // The chunk `p` is now part of the chunk at `target`.
         map_limit::release();
+        if new > old {
+            // Mapped, zero-filled: what memcheck's emulation of this call
+            // can miss (see `valgrind`).
+            super::valgrind::mark_defined(q.addr() + old, new - old);
+        }
         q.cast()
     }
 }

@@ -87,6 +87,7 @@ mod map;
 #[cfg(all(target_os = "linux", not(miri)))]
 mod map_limit;
 pub(crate) mod slack;
+mod valgrind;
 pub(crate) mod zeroing;
 
 use core::cell::Cell;

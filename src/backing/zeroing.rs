@@ -72,42 +72,7 @@ pub(crate) unsafe fn zero(ptr: *mut u8, size: usize, granule: usize) {
         // SAFETY: as above, the interior is the caller's to write.
         unsafe { ptr.add(start - addr).write_bytes(0, end - start) };
     } else {
-        tell_valgrind_defined(start, end - start);
+        // memcheck does not know that released pages read as zero.
+        super::valgrind::mark_defined(start, end - start);
     }
-}
-
-/// Under Valgrind's memcheck, marks `[addr, addr + len)` defined: memcheck
-/// does not know that released pages read as zero, and would report every
-/// read of them as a read of uninitialised memory. The client-request
-/// sequence of `valgrind.h` (amd64): four rotations of `rdi` that add up
-/// to none, then `xchg rbx, rbx`; on a real processor it does nothing
-/// (a few cycles), under Valgrind it is the request.
-#[inline]
-fn tell_valgrind_defined(addr: usize, len: usize) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        /// memcheck's `VG_USERREQ__MAKE_MEM_DEFINED`: tool base ('M','C') + 2.
-        const MAKE_MEM_DEFINED: usize = 0x4D43_0002;
-        let args: [usize; 6] = [MAKE_MEM_DEFINED, addr, len, 0, 0, 0];
-        // SAFETY: rotating rdi by 3 + 13 + 61 + 51 = 128 bits leaves it
-        // unchanged, and `xchg rbx, rbx` exchanges a register with itself:
-        // outside Valgrind the sequence changes no register but the flags,
-        // and no memory. Under Valgrind it reads the six words at rax
-        // (a live local array) and writes its answer to rdx (declared).
-        unsafe {
-            core::arch::asm!(
-                "rol rdi, 3",
-                "rol rdi, 13",
-                "rol rdi, 61",
-                "rol rdi, 51",
-                "xchg rbx, rbx",
-                in("rax") args.as_ptr(),
-                inout("rdx") 0usize => _,
-                inout("rdi") 0usize => _,
-                options(nostack, readonly),
-            );
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = (addr, len);
 }
