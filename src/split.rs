@@ -19,7 +19,7 @@ use core::ptr;
 use std::alloc::System;
 
 use crate::MklAllocator;
-use crate::allocator::{Blocks, allocator_impls, raw_alloc, raw_alloc_zeroed, raw_free};
+use crate::allocator::{Blocks, allocator_impls, raw_alloc, raw_free};
 
 /// The largest alignment a layout may ask for and still be served by the
 /// small side: what glibc's `malloc` gives every block on 64-bit targets,
@@ -353,7 +353,7 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
         if is_mkl::<THRESHOLD>(layout) {
             // SAFETY: layout.size() > 0 (GlobalAlloc's contract); the
             // alignment of a Layout is a power of two.
-            unsafe { raw_alloc(layout.size(), layout.align()) }
+            unsafe { mkl_side::alloc(layout.size(), layout.align()) }
         } else {
             // SAFETY: layout.size() > 0 (GlobalAlloc's contract).
             unsafe { self.small.alloc(layout) }
@@ -364,7 +364,7 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if is_mkl::<THRESHOLD>(layout) {
             // SAFETY: as in alloc.
-            unsafe { raw_alloc_zeroed(layout.size(), layout.align()) }
+            unsafe { mkl_side::alloc_zeroed(layout.size(), layout.align()) }
         } else {
             // SAFETY: as in alloc.
             unsafe { self.small.alloc_zeroed(layout) }
@@ -376,12 +376,16 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
         if is_mkl::<THRESHOLD>(layout) {
             // SAFETY: the block was allocated with this layout (caller's
             // contract), hence by MKL, and is freed once.
-            unsafe { raw_free(ptr, layout.size()) }
-        } else {
+            unsafe { mkl_side::free(ptr, layout.size()) }
+        } else if crate::block_cache::tick_due() {
             // The small side's frees count towards the block cache's decay
-            // too (a thread-local countdown; see `block_cache::TICKS`); it
-            // returns before the small side is called, holding nothing.
-            crate::block_cache::tick();
+            // too (a thread-local countdown; see `block_cache::TICKS`); the
+            // decay returns before the small side is called, holding
+            // nothing. Out of line, so that the path below stays a tail
+            // call.
+            // SAFETY: as below.
+            unsafe { dealloc_small_after_decay(&self.small, ptr, layout) }
+        } else {
             // SAFETY: the block was allocated with this layout, hence by
             // the small side with this same layout.
             unsafe { self.small.dealloc(ptr, layout) }
@@ -390,13 +394,83 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // The alignment is kept, so a small block that stays under the
+        // threshold stays small: the small side's own realloc, tail-called.
+        if !is_mkl::<THRESHOLD>(layout) && new_size < THRESHOLD {
+            // SAFETY: a live block of `layout`, hence `self.small`'s;
+            // new_size > 0 (GlobalAlloc::realloc's contract).
+            return unsafe { self.small.realloc(ptr, layout, new_size) };
+        }
         // SAFETY: new_size > 0 and, rounded up to the alignment, does not
         // overflow isize (GlobalAlloc::realloc's contract).
         let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         // SAFETY: a live block of `layout` from this allocator, whose small
         // blocks are `self.small`'s; both sizes > 0.
-        unsafe { resize_split::<THRESHOLD, S>(&self.small, ptr, layout, new) }
+        unsafe { resize_mkl_or_across::<THRESHOLD, S>(&self.small, ptr, layout, new) }
     }
+}
+
+/// The MKL side of [`MklSplitAllocator`]'s `GlobalAlloc` methods, out of
+/// line. Inlined, MKL's path (the fork gate, the block cache, the call
+/// through MKL's entry) makes every call of the split save registers on
+/// entry, on the small side's path too: out of line, a small block costs
+/// the split its routing test and a tail call, and an MKL block one direct
+/// call more next to MKL's tens of nanoseconds (callgrind, issue 36).
+mod mkl_side {
+    use crate::allocator::{raw_alloc, raw_alloc_zeroed, raw_free};
+
+    /// # Safety
+    /// As [`raw_alloc`]: `size > 0`, `align` a power of two.
+    #[inline(never)]
+    pub(super) unsafe fn alloc(size: usize, align: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { raw_alloc(size, align) }
+    }
+
+    /// # Safety
+    /// As [`raw_alloc_zeroed`]: `size > 0`, `align` a power of two.
+    #[inline(never)]
+    pub(super) unsafe fn alloc_zeroed(size: usize, align: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { raw_alloc_zeroed(size, align) }
+    }
+
+    /// # Safety
+    /// As [`raw_free`]: a live MKL block of `size` bytes, freed once.
+    #[inline(never)]
+    pub(super) unsafe fn free(ptr: *mut u8, size: usize) {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { raw_free(ptr, size) }
+    }
+}
+
+/// Every [`TICKS`](crate::block_cache::TICKS)th small free of a thread:
+/// the block cache's decay, then the free.
+///
+/// # Safety
+/// `ptr` is a live block that `small` allocated with `layout`, freed once.
+#[cold]
+#[inline(never)]
+unsafe fn dealloc_small_after_decay<S: GlobalAlloc>(small: &S, ptr: *mut u8, layout: Layout) {
+    crate::block_cache::idle_decay();
+    // SAFETY: the caller's contract.
+    unsafe { small.dealloc(ptr, layout) }
+}
+
+/// [`resize_split`] out of line, for `GlobalAlloc::realloc` once a resize
+/// within the small side has been ruled out (see [`mkl_side`]).
+///
+/// # Safety
+/// As [`resize_split`].
+#[inline(never)]
+unsafe fn resize_mkl_or_across<const THRESHOLD: usize, S: GlobalAlloc>(
+    small: &S,
+    p: *mut u8,
+    old: Layout,
+    new: Layout,
+) -> *mut u8 {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { resize_split::<THRESHOLD, S>(small, p, old, new) }
 }
 
 // SAFETY: each block is allocated, resized and freed by the allocator its

@@ -486,23 +486,37 @@ mod instance {
     /// no clock read on the way).
     #[inline(always)]
     pub(crate) fn tick() {
-        use core::cell::Cell;
-        thread_local! {
-            static COUNTDOWN: Cell<u32> = const { Cell::new(super::TICKS) };
+        if tick_due() {
+            idle_decay();
         }
-        COUNTDOWN.with(|c| match c.get() {
-            0 => {
-                c.set(super::TICKS);
-                idle_decay();
-            }
-            n => c.set(n - 1),
-        });
     }
 
-    /// Decays the cache if it holds anything (the small path's check).
+    std::thread_local! {
+        /// This thread's small frees until its next decay check.
+        static COUNTDOWN: core::cell::Cell<u32> = const { core::cell::Cell::new(super::TICKS) };
+    }
+
+    /// [`tick`]'s countdown alone: counts one small free of this thread
+    /// and says whether it is the [`TICKS`](super::TICKS)th, when the
+    /// caller must call [`idle_decay`] (which restarts the countdown): for
+    /// a caller that reaches the decay through a cold path of its own, so
+    /// that its hot path stays a tail call. The hot path is a decrement
+    /// and a test.
+    #[inline(always)]
+    pub(crate) fn tick_due() -> bool {
+        COUNTDOWN.with(|c| {
+            let n = c.get();
+            c.set(n.wrapping_sub(1));
+            n == 0
+        })
+    }
+
+    /// Restarts this thread's countdown, then decays the cache if it
+    /// holds anything (the small path's check, once [`tick_due`] says so).
     #[cold]
     #[inline(never)]
-    fn idle_decay() {
+    pub(crate) fn idle_decay() {
+        COUNTDOWN.with(|c| c.set(super::TICKS));
         if CACHE.bytes() != 0 {
             CACHE.decay(now_ms(), free_to_mkl);
         }
@@ -589,6 +603,11 @@ mod instance {
     }
     #[inline(always)]
     pub(crate) fn tick() {}
+    #[inline(always)]
+    pub(crate) fn tick_due() -> bool {
+        false
+    }
+    pub(crate) fn idle_decay() {}
 }
 #[cfg(loom)]
 pub(crate) use instance::*;
