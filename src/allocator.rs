@@ -175,7 +175,7 @@ unsafe fn alloc_slow(
         let granule = match chunk {
             // Fresh from the kernel: every byte MKL did not write reads 0.
             Some((_, true)) => return p,
-            Some(_) => backing::PAGE,
+            Some(_) => zeroing::chunk_granule(size),
             None => zeroing::FOREIGN_GRANULE,
         };
         // SAFETY: p is a block of at least `size` bytes that we own,
@@ -501,9 +501,10 @@ pub(crate) unsafe fn api_grow<B: Blocks>(
         new.size(),
     )?;
     if zeroed {
-        // A chunk's pages are 4 KiB; anything else may be on huge pages.
+        // A chunk's pages are 4 KiB or its own huge pages; anything else
+        // may be on the C runtime's huge pages.
         let granule = match backing::last_chunk() {
-            Some(_) => backing::PAGE,
+            Some(_) => zeroing::chunk_granule(new.size()),
             None => zeroing::FOREIGN_GRANULE,
         };
         // SAFETY: the block holds new.size() >= old.size() bytes; only the
