@@ -343,6 +343,40 @@ fn growth_moves_onto_a_cached_chunk_without_a_copy_of_its_tail() {
     block_cache::disable();
 }
 
+/// A block of the C runtime's (MKL's blocks under 1 MiB come from it)
+/// growing into a chunk's size is a growth: it takes a cached chunk of up to
+/// `GROWTH_SLACK` times its size, and its next growths stay there, on pages
+/// the cache kept resident, where a fresh chunk would be faulted in page by
+/// page each time (a `Vec` pushed to 8 MiB again and again faulted 257
+/// pages a round so; issue 36). Linux: the C runtime's block is measured
+/// with glibc's `malloc_usable_size` (Miri's emulation has none).
+#[test]
+#[cfg(all(target_os = "linux", not(miri)))]
+fn a_block_of_the_c_runtime_growing_into_a_chunk_takes_a_cached_one() {
+    let _s = serial();
+    block_cache::enable(256 * MIB);
+    let target = block(8 * MIB, 64, 0);
+    free(target, 8 * MIB, 64);
+    assert_eq!(block_cache::cached_bytes(), chunk(8 * MIB, 64));
+    let mut v: AVec<u8, MklAllocator> = AVec::with_capacity_in(256 << 10, MklAllocator);
+    v.extend((0..256 << 10).map(|i: usize| i as u8));
+    v.reserve_exact(MIB + 1 - v.len());
+    assert_eq!(
+        v.as_ptr(),
+        target.cast_const(),
+        "the growth took a fresh chunk"
+    );
+    assert_eq!(block_cache::cached_bytes(), 0, "the cached chunk was used");
+    for mib in [2, 4, 7] {
+        v.reserve_exact(mib * MIB - v.len());
+        assert_eq!(v.as_ptr(), target.cast_const(), "moved at {mib} MiB");
+    }
+    common::check_slice(&v, |i| i);
+    drop(v);
+    assert_eq!(block_cache::cached_bytes(), chunk(8 * MIB, 64));
+    block_cache::disable();
+}
+
 /// Blocks the address space right after the chunk that serves `p` (a
 /// block of `size` bytes at 64), so that it cannot grow in place.
 #[cfg(all(unix, not(miri)))]

@@ -10,9 +10,7 @@ use core::ffi::c_void;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::{
-    LAST, MIN_CHUNK, PAGE, SERVED, STATE, block_cache, chunks, huge_pages, map, slack, zeroing,
-};
+use super::{LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, huge_pages, map, slack, zeroing};
 use crate::ffi;
 
 /// The previous functions, as the setup found them (the C runtime's by
@@ -239,7 +237,7 @@ pub(crate) const MIN_UNCACHED_CHUNK: usize = 32 << 20;
 /// `i_malloc`.
 unsafe extern "C" fn hook_malloc(n: usize) -> *mut c_void {
     if chunk_for(n) {
-        let p = new_chunk(n);
+        let p = new_chunk(n, false);
         if !p.is_null() {
             return p.cast();
         }
@@ -255,11 +253,11 @@ unsafe extern "C" fn hook_calloc(num: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if chunk_for(n) {
-        let p = new_chunk(n);
+        let p = new_chunk(n, false);
         if !p.is_null() {
             if !LAST.with(Cell::get).1 {
                 // SAFETY: a chunk of at least n bytes just handed to us.
-                unsafe { zeroing::zero(p, n, PAGE) };
+                unsafe { zeroing::zero(p, n, zeroing::chunk_granule(n)) };
             }
             return p.cast();
         }
@@ -315,8 +313,9 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
         // A block of the C runtime's growing into a chunk's size (a Vec
         // pushed past 1 MiB): moved into a chunk once, so that from here on
         // it grows in place where it can, on huge pages, and is cached
-        // when freed.
-        let q = new_chunk(n);
+        // when freed. A growth, so it may take a cached chunk with room
+        // to grow in, as a chunk's growth does (see `grow_chunk`).
+        let q = new_chunk(n, true);
         if !q.is_null() {
             // SAFETY: distinct live blocks; `p` holds `usable` readable
             // bytes, `q` at least `n`; `p` is freed once, after the copy.
@@ -359,15 +358,21 @@ unsafe fn prev_usable_size(p: *mut c_void) -> Option<usize> {
 }
 
 /// A chunk for a request of `n >= MIN_CHUNK` bytes: a cached one of
-/// `n ..= n + n/8` bytes, else a fresh mapping; null if neither can be
-/// had. Records it in [`LAST`].
-fn new_chunk(n: usize) -> *mut u8 {
+/// `n ..= n + n/8` bytes (up to [`GROWTH_SLACK`](block_cache::GROWTH_SLACK)
+/// times `n` for a block `growing` into a chunk, which then grows in place
+/// on pages already resident rather than on fresh ones), else a fresh
+/// mapping; null if neither can be had. Records it in [`LAST`].
+fn new_chunk(n: usize, growing: bool) -> *mut u8 {
     let Some(size) = map::round(n) else {
         return ptr::null_mut();
     };
     let (mut p, mut got, mut fresh) = (ptr::null_mut(), size, false);
     if block_cache::covers(size) {
-        (p, got) = block_cache::take(size);
+        (p, got) = if growing {
+            block_cache::take_for_growth(size)
+        } else {
+            block_cache::take(size)
+        };
     }
     if p.is_null() {
         (p, got) = fresh_chunk(size);
