@@ -33,11 +33,12 @@
 //!   cache, so the kernel takes their pages whenever it needs memory
 //!   (jemalloc's "muzzy" state; on Windows `MEM_RESET`, which lets the
 //!   system drop their contents rather than page them out): all of
-//!   [`LAZY_FREE_MIN`] (8 MiB) and more, and smaller ones beyond an
-//!   allowance of [`UNMARKED_MAX`] (8 MiB) of unmarked chunks, which
-//!   spares a loop reusing a few small temporaries the system call (a
-//!   thread-local share of it: no shared write either). An idle process
-//!   so keeps at most 8 MiB of its cache that the kernel cannot take back;
+//!   [`LAZY_FREE_MIN`] (12 MiB) and more, and smaller ones beyond an
+//!   allowance of [`UNMARKED_MAX`] (12 MiB) of unmarked chunks, which
+//!   spares a loop reusing a few temporaries up to an 8 MiB one the
+//!   system call and its aftermath (a thread-local share of it: no shared
+//!   write either). An idle process so keeps at most 12 MiB of its cache
+//!   that the kernel cannot take back;
 //!   [`manager::free_buffers`](crate::manager::free_buffers) empties the
 //!   cache at once.
 //! - **Accounting**: cached chunks are not MKL blocks any more, so
@@ -160,25 +161,29 @@ pub const DECAY_MS: usize = 1000;
 pub(crate) const GROWTH_SLACK: usize = 8;
 
 /// Chunks of at least this many bytes are marked `MADV_FREE` as they enter
-/// the cache (8 MiB). The call costs about a microsecond, which is nothing
-/// beside the page faults a reuse of such a chunk saves, but 35 times a
-/// 1 MiB allocation's whole cost (measured: 1.4 µs with the call, 40 ns
-/// for glibc's heap); smaller chunks are marked only beyond
-/// [`UNMARKED_MAX`].
-pub const LAZY_FREE_MIN: usize = 8 << 20;
+/// the cache (12 MiB: above an 8 MiB block's chunk, 8 MiB and a page for
+/// MKL's header). The call costs about a microsecond, 35 times a 1 MiB
+/// allocation's whole cost (measured: 1.4 µs with the call, 40 ns for
+/// glibc's heap), and a reuse pays again: the kernel cleared the pages'
+/// dirty bits, which every page's first write sets again (200 temporaries
+/// of 8 MiB, marked, took 1.2-1.5x glibc's and mimalloc's time, with
+/// 4 ms of system time; unmarked, the same as theirs). Smaller chunks are
+/// marked only beyond [`UNMARKED_MAX`].
+pub const LAZY_FREE_MIN: usize = 12 << 20;
 
 /// Cached chunks under [`LAZY_FREE_MIN`] enter the cache unmarked while
-/// the unmarked ones total at most this (8 MiB), and are marked
-/// `MADV_FREE` beyond it: a loop reusing a few small temporaries pays no
-/// system call, and a process that stops calling the allocator keeps at
-/// most this much of its cache resident that the kernel cannot take back
-/// (before, every cached chunk under 8 MiB: 161 MiB for 48 chunks of
-/// 1-8 MiB).
+/// the unmarked ones total at most this (12 MiB), and are marked
+/// `MADV_FREE` beyond it: a loop reusing a few temporaries (one of 8 MiB,
+/// or several smaller) pays no system call, and a process that stops
+/// calling the allocator keeps at most this much of its cache resident
+/// that the kernel cannot take back (48 chunks of 1-8 MiB freed, then
+/// asleep: 10 MiB; before issue 35, every cached chunk under 8 MiB,
+/// 161 MiB).
 ///
 /// ```
 /// assert!(mkl_alloc::block_cache::UNMARKED_MAX <= mkl_alloc::block_cache::LAZY_FREE_MIN);
 /// ```
-pub const UNMARKED_MAX: usize = 8 << 20;
+pub const UNMARKED_MAX: usize = 12 << 20;
 
 /// A thread checks whether cached chunks are due to decay once per this
 /// many of its small frees (MKL's, the split allocator's system side,
