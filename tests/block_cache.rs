@@ -233,6 +233,19 @@ fn decay_goes_on_through_small_frees_of_every_path() {
     block_cache::disable();
 }
 
+/// This process's pages given `MADV_FREE` and not yet reclaimed, in bytes
+/// (`LazyFree` in Linux's `/proc/self/smaps_rollup`).
+fn lazy_free_bytes() -> usize {
+    let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
+    let line = s.lines().find(|l| l.starts_with("LazyFree:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<usize>()
+        .unwrap()
+        << 10
+}
+
 /// A cached chunk is marked `MADV_FREE`: an idle process's cache is memory
 /// the kernel may take back whenever it needs it (`LazyFree` in smaps).
 #[test]
@@ -244,24 +257,14 @@ fn decay_goes_on_through_small_frees_of_every_path() {
 fn cached_chunks_are_lazily_freed_for_an_idle_process() {
     let _s = serial();
     block_cache::enable(256 * MIB);
-    let lazy = || -> usize {
-        let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
-        let line = s.lines().find(|l| l.starts_with("LazyFree:")).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<usize>()
-            .unwrap()
-            << 10
-    };
-    let before = lazy();
+    let before = lazy_free_bytes();
     let p = block(64 * MIB, 64, 1);
     // SAFETY: 64 MiB of the block, all of it written (resident).
     unsafe { p.write_bytes(1, 64 * MIB) };
     free(p, 64 * MIB, 64);
     assert_eq!(block_cache::cached_bytes(), chunk(64 * MIB, 64));
     assert!(
-        lazy() >= before + 60 * MIB,
+        lazy_free_bytes() >= before + 60 * MIB,
         "the cached chunk is not lazily freed"
     );
     // Reused, it is the program's memory again, its contents whatever
@@ -286,25 +289,15 @@ fn cached_chunks_are_lazily_freed_for_an_idle_process() {
 fn an_8_mib_temporary_is_cached_unmarked() {
     let _s = serial();
     block_cache::enable(256 * MIB);
-    let lazy = || -> usize {
-        let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
-        let line = s.lines().find(|l| l.starts_with("LazyFree:")).unwrap();
-        line.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<usize>()
-            .unwrap()
-            << 10
-    };
     assert!(chunk(8 * MIB, 64) <= block_cache::UNMARKED_MAX);
     let p = block(8 * MIB, 64, 1);
     // SAFETY: 8 MiB of the block, all of it written (resident).
     unsafe { p.write_bytes(1, 8 * MIB) };
-    let before = lazy();
+    let before = lazy_free_bytes();
     free(p, 8 * MIB, 64);
     assert_eq!(block_cache::cached_bytes(), chunk(8 * MIB, 64));
     assert!(
-        lazy() < before + MIB,
+        lazy_free_bytes() < before + MIB,
         "the 8 MiB chunk was marked MADV_FREE"
     );
     let q = block(8 * MIB, 64, 2);
