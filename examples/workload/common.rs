@@ -4,7 +4,8 @@
 //!
 //! Usage: `workload_<alloc> [entries] [service|mixed|numeric]` (default
 //! 1 000 000, `service`). Prints one line, `allocator=<name> entries=<n>
-//! time_ms=<wall ms> cpu_ms=<user+sys ms> user_ms=<user ms> peak_rss_kib=<VmHWM>
+//! time_ms=<wall ms> cpu_ms=<user+sys ms> user_ms=<user ms>
+//! peak_rss_kib=<VmHWM> anon_huge_kib=<AnonHugePages at the end>
 //! checksum=<n> kind=<kind>`, which `examples/perf/` and
 //! `benches/workload.rs` parse.
 //!
@@ -112,6 +113,21 @@ pub fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// The anonymous memory on transparent huge pages now, in KiB
+/// (`AnonHugePages` of `/proc/self/smaps_rollup`; 0 where it cannot be read).
+/// The same work on a heap with fewer huge pages takes more TLB misses, which
+/// instruction counts do not show.
+pub fn anon_huge_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("AnonHugePages:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// This process's CPU time in milliseconds: (user + system, user).
 /// The system part of the service workload is mostly the kernel's
 /// huge-page work for the small side's heap, which varies from run to run
@@ -146,8 +162,9 @@ pub fn main_for(allocator: &str) {
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let end = cpu_ms();
     let (cpu, user) = (end.0 - start.0, end.1 - start.1);
+    let huge = anon_huge_kib();
     println!(
-        "allocator={allocator} entries={n} time_ms={ms:.3} cpu_ms={cpu:.3} user_ms={user:.3} peak_rss_kib={} checksum={sum} kind={kind}",
+        "allocator={allocator} entries={n} time_ms={ms:.3} cpu_ms={cpu:.3} user_ms={user:.3} peak_rss_kib={} anon_huge_kib={huge} checksum={sum} kind={kind}",
         peak_rss_kib()
     );
 }
