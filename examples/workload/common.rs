@@ -101,16 +101,22 @@ pub fn mixed(n: usize) -> u64 {
     black_box(sum)
 }
 
-/// Peak resident set size of this process, in KiB (`VmHWM`).
-pub fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// The value in KiB of the line `key:` of a `/proc/self` file (`status`,
+/// `smaps_rollup`); 0 where it cannot be read.
+fn proc_kib(file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/{file}"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Peak resident set size of this process, in KiB (`VmHWM`).
+pub fn peak_rss_kib() -> u64 {
+    proc_kib("status", "VmHWM")
 }
 
 /// The anonymous memory on transparent huge pages now, in KiB
@@ -118,14 +124,7 @@ pub fn peak_rss_kib() -> u64 {
 /// The same work on a heap with fewer huge pages takes more TLB misses, which
 /// instruction counts do not show.
 pub fn anon_huge_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("AnonHugePages:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_kib("smaps_rollup", "AnonHugePages")
 }
 
 /// This process's CPU time in milliseconds: (user + system, user).
