@@ -72,11 +72,18 @@ fn workload_binaries() -> Option<Vec<PathBuf>> {
     None
 }
 
-/// Runs one workload binary in `env`; returns (CPU ms, wall ms, peak
+/// Runs one workload binary in `env` (`kind`: service, mixed or numeric;
+/// `mib`: the numeric work's buffer size); returns (CPU ms, wall ms, peak
 /// RSS in KiB, user CPU ms).
-fn run_workload(bin: &Path, env: Env, entries: usize, kind: &str) -> (f64, f64, f64, f64) {
+fn run_workload(
+    bin: &Path,
+    env: Env,
+    entries: usize,
+    kind: &str,
+    mib: usize,
+) -> (f64, f64, f64, f64) {
     let mut cmd = Command::new(bin);
-    cmd.arg(entries.to_string()).arg(kind);
+    cmd.arg(entries.to_string()).arg(kind).arg(mib.to_string());
     apply_env(&mut cmd, env);
     let out = cmd
         .output()
@@ -133,7 +140,7 @@ pub fn workload_group(t: &mut Table) {
         for j in order(these.len(), r) {
             let i = these[j];
             let (_, bin, env) = who[i];
-            let (cpu, wall, kib, user) = run_workload(&bins[bin], env, ENTRIES, "service");
+            let (cpu, wall, kib, user) = run_workload(&bins[bin], env, ENTRIES, "service", 8);
             times[i].values.push(cpu);
             users[i].values.push(user);
             walls[i].values.push(wall);
@@ -183,15 +190,19 @@ pub fn workload_group(t: &mut Table) {
         &users[5],
         1.05,
     );
-    mixed_group(t, &bins);
+    // The numeric rounds at two scales: 8 MiB buffers, which every peer
+    // keeps and reuses; and 64 MiB, the big-buffer rows' size (the config
+    // group's temporaries), past mimalloc's and jemalloc's reuse.
+    mixed_group(t, &bins, 8);
+    mixed_group(t, &bins, 64);
 }
 
-/// The mixed workload (`workload_* N mixed`: service batches interleaved
-/// with numeric rounds of temporaries, growth and zeroed-then-filled
-/// buffers) under every competitor, and the numeric work alone under the
-/// three splits (`workload_* N numeric`), each run a fresh process, all in
-/// every round.
-fn mixed_group(t: &mut Table, bins: &[PathBuf]) {
+/// The mixed workload (`workload_* N mixed MiB`: service batches
+/// interleaved with numeric rounds of temporaries, growth and
+/// zeroed-then-filled buffers of `mib` MiB) under every competitor, and the
+/// numeric work alone under the three splits (`workload_* N numeric MiB`),
+/// each run a fresh process, all in every round.
+fn mixed_group(t: &mut Table, bins: &[PathBuf], mib: usize) {
     const ROUNDS: usize = 5;
     const ENTRIES: usize = 1_000_000;
     // (name, binary: index into WORKLOADS)
@@ -219,32 +230,47 @@ fn mixed_group(t: &mut Table, bins: &[PathBuf]) {
         for j in order(runs, r) {
             if j < who.len() {
                 let (_, bin) = who[j];
-                let (cpu, _, kib, _) = run_workload(&bins[bin], Env::Defaults, ENTRIES, "mixed");
+                let (cpu, _, kib, _) =
+                    run_workload(&bins[bin], Env::Defaults, ENTRIES, "mixed", mib);
                 times[j].values.push(cpu);
                 rss[j].values.push(kib / 1024.0);
             } else {
                 let k = j - who.len();
                 let (_, bin) = who[numeric_who[k]];
-                let (cpu, _, _, _) = run_workload(&bins[bin], Env::Defaults, ENTRIES, "numeric");
+                let (cpu, _, _, _) =
+                    run_workload(&bins[bin], Env::Defaults, ENTRIES, "numeric", mib);
                 numeric[k].values.push(cpu);
             }
         }
     }
-    t.group("5. mixed workload CPU time (10^6 entries)", "ms", &times, 0);
-    t.group("5. mixed workload peak RSS", "MiB", &rss, 0);
-    t.group("5. numeric work CPU time", "ms", &numeric, 0);
-    t.target(
-        "numeric work CPU time ≤ 1.05x the split over System (split over mimalloc)",
-        &numeric[1],
-        &numeric[0],
-        1.05,
+    t.group(
+        &format!("5. mixed workload CPU time (10^6 entries, {mib} MiB buffers)"),
+        "ms",
+        &times,
+        0,
     );
-    t.target(
-        "numeric work CPU time ≤ 1.05x the split over System (split over jemalloc)",
-        &numeric[2],
-        &numeric[0],
-        1.05,
+    t.group(
+        &format!("5. mixed workload peak RSS ({mib} MiB buffers)"),
+        "MiB",
+        &rss,
+        0,
     );
+    t.group(
+        &format!("5. numeric work CPU time ({mib} MiB buffers)"),
+        "ms",
+        &numeric,
+        0,
+    );
+    for (k, over) in [(1, "mimalloc"), (2, "jemalloc")] {
+        t.target(
+            &format!(
+                "numeric work CPU time ≤ 1.05x the split over System (split over {over}, {mib} MiB)"
+            ),
+            &numeric[k],
+            &numeric[0],
+            1.05,
+        );
+    }
     // The best split (by median CPU time) against the best peer alone.
     let best = |ix: &[usize]| -> usize {
         *ix.iter()
@@ -254,7 +280,7 @@ fn mixed_group(t: &mut Table, bins: &[PathBuf]) {
     let (split, peer) = (best(&[3, 4, 5]), best(&[0, 1, 2]));
     t.target(
         &format!(
-            "mixed workload CPU time ≤ 0.9x the best peer alone ({} / {})",
+            "mixed workload CPU time ≤ 0.9x the best peer alone, {mib} MiB ({} / {})",
             who[split].0, who[peer].0
         ),
         &times[split],
@@ -263,7 +289,7 @@ fn mixed_group(t: &mut Table, bins: &[PathBuf]) {
     );
     t.target(
         &format!(
-            "mixed workload peak RSS ≤ 1.1x the best peer alone ({} / {})",
+            "mixed workload peak RSS ≤ 1.1x the best peer alone, {mib} MiB ({} / {})",
             who[split].0, who[peer].0
         ),
         &rss[split],

@@ -2,8 +2,8 @@
 //! example is this code with a different `#[global_allocator]` (the global
 //! allocator is fixed per binary, so one binary per allocator).
 //!
-//! Usage: `workload_<alloc> [entries] [service|mixed|numeric]` (default
-//! 1 000 000, `service`). Prints one line, `allocator=<name> entries=<n>
+//! Usage: `workload_<alloc> [entries] [service|mixed|numeric] [MiB]`
+//! (default 1 000 000, `service`, 8: the numeric work's buffer size). Prints one line, `allocator=<name> entries=<n>
 //! time_ms=<wall ms> cpu_ms=<user+sys ms> user_ms=<user ms>
 //! peak_rss_kib=<VmHWM> anon_huge_kib=<AnonHugePages at the end>
 //! checksum=<n> kind=<kind>`, which `examples/perf/` and
@@ -56,47 +56,49 @@ pub fn workload(n: usize) -> u64 {
 /// Rounds of numeric work in [`mixed`] and [`numeric`].
 const NUMERIC_ROUNDS: u64 = 16;
 
-/// One round of numeric big-buffer work: four 8 MiB temporaries (an
-/// `a * x + y` each, summed), a `Vec<f64>` pushed to 2^20 elements (8 MiB,
-/// grown by doubling), and a 16 MiB `vec![0.0; n]` filled afterwards.
-/// Returns a checksum.
-pub fn numeric_round(round: u64) -> u64 {
-    const N: usize = 1 << 20;
-    let x: Vec<f64> = (0..N).map(|i| (i as u64 ^ round) as f64).collect();
+/// One round of numeric big-buffer work at `mib` MiB (8 by default): an
+/// input of `mib` MiB, four temporaries of `mib` MiB (an `a * x + y` each,
+/// summed), a `Vec<f64>` pushed to `mib` MiB (grown by doubling), and a
+/// `vec![0.0; n]` of twice `mib` filled afterwards. Returns a checksum.
+pub fn numeric_round(round: u64, mib: usize) -> u64 {
+    let n: usize = mib << 17;
+    let x: Vec<f64> = (0..n).map(|i| (i as u64 ^ round) as f64).collect();
     let mut acc = 0.0f64;
     for k in 0..4 {
         let a = (k + 1) as f64 * 0.5;
         let t: Vec<f64> = x.iter().map(|&v| a * v + 1.0).collect();
-        acc += black_box(&t)[N / 2 + k];
+        acc += black_box(&t)[n / 2 + k];
     }
     let mut grown: Vec<f64> = Vec::new();
-    for i in 0..N {
+    for i in 0..n {
         grown.push(i as f64);
     }
-    acc += black_box(&grown)[N - 1];
-    let mut z = vec![0.0f64; 2 * N];
+    acc += black_box(&grown)[n - 1];
+    let mut z = vec![0.0f64; 2 * n];
     for (i, v) in z.iter_mut().enumerate() {
         *v = (i % 7) as f64;
     }
-    acc += black_box(&z)[2 * N - 1];
+    acc += black_box(&z)[2 * n - 1];
     acc as u64
 }
 
 /// The numeric work alone: [`NUMERIC_ROUNDS`] rounds.
-pub fn numeric() -> u64 {
-    let sum = (0..NUMERIC_ROUNDS).map(numeric_round).sum::<u64>();
+pub fn numeric(mib: usize) -> u64 {
+    let sum = (0..NUMERIC_ROUNDS)
+        .map(|r| numeric_round(r, mib))
+        .sum::<u64>();
     black_box(sum)
 }
 
 /// Service work and numeric work interleaved: `n / 2` entries of the
 /// service work in [`NUMERIC_ROUNDS`] batches, each followed by a round of
 /// numeric work.
-pub fn mixed(n: usize) -> u64 {
+pub fn mixed(n: usize, mib: usize) -> u64 {
     let batch = n / 2 / NUMERIC_ROUNDS as usize;
     let mut sum = 0u64;
     for r in 0..NUMERIC_ROUNDS {
         sum = sum.wrapping_add(workload(batch));
-        sum = sum.wrapping_add(numeric_round(r));
+        sum = sum.wrapping_add(numeric_round(r, mib));
     }
     black_box(sum)
 }
@@ -150,12 +152,17 @@ pub fn main_for(allocator: &str) {
         .map(|a| a.parse().expect("entries: a positive integer"))
         .unwrap_or(1_000_000);
     let kind = std::env::args().nth(2).unwrap_or_else(|| "service".into());
+    let mib: usize = std::env::args()
+        .nth(3)
+        .map(|a| a.parse().expect("buffer MiB: a positive integer"))
+        .unwrap_or(8);
+    assert!(mib > 0, "buffer MiB: a positive integer, not 0");
     let start = cpu_ms();
     let t = Instant::now();
     let sum = match kind.as_str() {
         "service" => workload(n),
-        "mixed" => mixed(n),
-        "numeric" => numeric(),
+        "mixed" => mixed(n, mib),
+        "numeric" => numeric(mib),
         other => panic!("kind: service, mixed or numeric, not {other:?}"),
     };
     let ms = t.elapsed().as_secs_f64() * 1e3;
