@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! cargo build --release --examples      # builds perf and the workload_* binaries
-//! cargo run --release --example perf    # every group: 12-18 minutes on 2 shared cores
+//! cargo run --release --example perf    # every group: 15-21 minutes on 2 shared cores
 //! cargo run --release --example perf -- --json docs/data/perf.json \
-//!     config workload > docs/data/perf.md   # the data of docs/charts/ (5-11 minutes)
+//!     config workload > docs/data/perf.md   # big-buffers and small-blocks charts (13-19 minutes)
+//! cargo run --release --example perf -- --json docs/data/workload.json \
+//!     workload > docs/data/workload.md      # the whole-program chart (8-10 minutes)
 //! python3 scripts/charts.py             # redraws docs/charts/*.svg (see its header)
 //! ```
 //!
@@ -30,7 +32,7 @@
 //! | Vec growth | 2 | Vec<f64> push to 10^7 under each allocator, against a raw MKL_realloc loop | 14-20 s |
 //! | hashbrown | 3 | 10^6 inserts | 5 s |
 //! | views | 4 | SharedMklVec views against Arc, RwLock, AtomicRefCell (1 and 2 threads); try_push | 6 s |
-//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, jemalloc, MklSplitAllocator with MKL defaults and with everything off, the split over mimalloc and over jemalloc, MklAllocator; the mixed workload (service batches and numeric rounds interleaved) under each of them but the split with everything off, and the numeric work alone under the three splits | 5-9 min |
+//! | workload | 5 | the whole program (`examples/workload_*.rs`) under each global allocator, each run a fresh process: System, mimalloc, jemalloc, MklSplitAllocator with MKL defaults and with everything off, the split over mimalloc and over jemalloc, MklAllocator; the mixed workload (service batches and numeric rounds interleaved, with buffers of 8 MiB and of 64 MiB) under each of them but the split with everything off, and the numeric work alone under the three splits; 11 rounds (7 for 64 MiB) | 8-10 min |
 //! | huge pages | 6 | issue 10: Vec push 10^7 and first touch of 64 MiB, huge pages off / on via the API | 26-30 s |
 //! | huge 1GiB | 7 | push to 10^8 and 1 GiB blocks (first touch, gather, daxpy) | 1.5-2 min |
 //! | huge 1GiB reuse | 7b | 1 GiB first touch after a pause and right after a free | 50-55 s |
