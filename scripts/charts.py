@@ -6,7 +6,9 @@ the repository root, by (times on a shared 2-core machine)::
 
     cargo build --release --examples                          # the perf and workload_* binaries
     cargo run --release --example perf -- --json docs/data/perf.json \\
-        config workload > docs/data/perf.md                  # 5-11 minutes
+        config workload > docs/data/perf.md                  # 13-19 minutes
+    cargo run --release --example perf -- --json docs/data/workload.json \\
+        workload > docs/data/workload.md                     # 8-10 minutes
     python3 -m venv target/bench-venv
     target/bench-venv/bin/pip install ./python numpy          # builds the extension: about 2 minutes
     target/bench-venv/bin/python python/bench_numpy.py \\
@@ -21,8 +23,11 @@ also writes PNG copies, to look at the charts.
 
 Charts: big-buffers.svg (issue 21's large-buffer rows: time relative to
 System, and resident growth), small-blocks.svg (alloc+free 16 B .. 1 MiB,
-ns per pair), numpy.svg (NumPy under the mkl_alloc handler relative to
-NumPy's allocator, and np.zeros's resident growth). Each names the
+ns per pair), whole-program.svg (the workload group: service work alone and
+the mixed workload at 8 and 64 MiB buffers, CPU time and peak RSS relative to
+System, under every global allocator), numpy.svg (NumPy under the
+mkl_alloc handler relative to NumPy's allocator, and np.zeros's resident
+growth). Each names the
 machine, the date and the commit the JSON records.
 """
 
@@ -115,12 +120,14 @@ def fmt(x):
     return f"{x:.1g}"
 
 
-def ratio_panel(ax, doc, cats, names, title, targets=None):
+def ratio_panel(ax, doc, cats, names, title, targets=None, quantity="time", better="faster", labels_of=None):
     """Horizontal bars of each competitor's ratio per category (log x).
 
     ``cats``: (label, workload prefix); ``names``: competitors in bar
     order, the baseline first (drawn as the line at 1); ``targets``:
-    {label: limit} drawn as a red tick across the category."""
+    {label: limit} drawn as a red tick across the category; ``quantity``
+    and ``better`` name the axis; ``labels_of``: legend names by
+    competitor."""
     import numpy as np
 
     cats = [(lab, p) for lab, p in cats if find(doc, p, names[1])]
@@ -139,7 +146,8 @@ def ratio_panel(ax, doc, cats, names, title, targets=None):
             errs[0].append(lo)
             errs[1].append(hi)
         y = ys + 0.4 - h * (j + 0.5)
-        ax.barh(y, vals, h * 0.92, color=COLORS.get(name), label=name, xerr=errs, error_kw={"elinewidth": 0.8, "ecolor": "#333", "capsize": 1.5}, left=0)
+        label = (labels_of or {}).get(name, name)
+        ax.barh(y, vals, h * 0.92, color=COLORS.get(name), label=label, xerr=errs, error_kw={"elinewidth": 0.8, "ecolor": "#333", "capsize": 1.5}, left=0)
         labels.append((y, vals, errs[1]))
         lo_all = min([lo_all] + [v for v in vals if v == v])
         hi_all = max([hi_all] + [v + e for v, e in zip(vals, errs[1]) if v == v])
@@ -165,7 +173,7 @@ def ratio_panel(ax, doc, cats, names, title, targets=None):
         scale = ""
     ax.set_yticks(ys, [lab for lab, _ in cats])
     ax.set_ylim(-0.6, len(cats) - 0.4)
-    ax.set_xlabel(f"time relative to {names[0]} ({scale}1 = {names[0]}; lower is faster)")
+    ax.set_xlabel(f"{quantity} relative to {names[0]} ({scale}1 = {names[0]}; lower is {better})")
     ax.set_title(title, fontsize=11, loc="left")
     ax.grid(axis="x", which="both", color="#ddd", lw=0.5)
     ax.set_axisbelow(True)
@@ -336,6 +344,40 @@ def numpy_chart(plt, doc, out):
 SAVED = []
 
 
+SPLIT, SPLIT_MI, SPLIT_JE = (
+    "MklSplitAllocator, MKL defaults",
+    "MklSplitAllocator<MiMalloc>, MKL defaults",
+    "MklSplitAllocator<Jemalloc>, MKL defaults",
+)
+JEMALLOC, MKL_ALL = "jemalloc", "MklAllocator, MKL defaults"
+COLORS.update({JEMALLOC: "#8c564b", SPLIT: "#1f77b4", SPLIT_MI: "#17becf", SPLIT_JE: "#2ca02c", MKL_ALL: "#ff7f0e"})
+
+
+def whole_program(plt, doc, out):
+    """docs/charts/whole-program.svg: issue 36's workload rows."""
+    names = [SYSTEM, MIMALLOC, JEMALLOC, SPLIT, SPLIT_MI, SPLIT_JE, MKL_ALL]
+    labels_of = {
+        SPLIT: "split over System",
+        SPLIT_MI: "split over mimalloc",
+        SPLIT_JE: "split over jemalloc",
+        MKL_ALL: "MklAllocator",
+    }
+    kinds = [
+        ("service\n(small objects only)", "5. workload CPU time", "5. workload peak RSS"),
+        ("mixed,\n8 MiB buffers", "5. mixed workload CPU time (10^6 entries, 8 MiB", "5. mixed workload peak RSS (8 MiB"),
+        ("mixed,\n64 MiB buffers", "5. mixed workload CPU time (10^6 entries, 64 MiB", "5. mixed workload peak RSS (64 MiB"),
+    ]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 6.5), sharey=True)
+    ratio_panel(a1, doc, [(k, t) for k, t, _ in kinds], names, "CPU time (user + system) relative to System", labels_of=labels_of)
+    ratio_panel(a2, doc, [(k, r) for k, _, r in kinds], names, "Peak RSS relative to System", quantity="peak RSS", better="smaller", labels_of=labels_of)
+    handles, labels = a1.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=4, fontsize=9, frameon=False)
+    what = "The whole program: service work alone, and mixed with numeric rounds, under each global allocator (each run a fresh process)"
+    fig.suptitle(subtitle(doc, what) + policies(doc), fontsize=10.5, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0.07, 1, 0.98))
+    save(fig, out, "whole-program")
+
+
 def save(fig, out, name):
     """Writes ``name``.svg to ``out`` (and a PNG copy to --png's folder)."""
     path = os.path.join(out, f"{name}.svg")
@@ -355,6 +397,7 @@ def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--perf", default=os.path.join(ROOT, "docs", "data", "perf.json"))
+    p.add_argument("--workload", default=os.path.join(ROOT, "docs", "data", "workload.json"))
     p.add_argument("--numpy", default=os.path.join(ROOT, "docs", "data", "numpy.json"))
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "charts"))
     p.add_argument("--png", metavar="DIR", help="also write PNG copies to DIR")
@@ -373,6 +416,9 @@ def main():
     if perf:
         big_buffers(plt, perf, ARGS.out)
         small_blocks(plt, perf, ARGS.out)
+    workload = load(ARGS.workload)
+    if workload:
+        whole_program(plt, workload, ARGS.out)
     numpy_doc = load(ARGS.numpy)
     if numpy_doc:
         numpy_chart(plt, numpy_doc, ARGS.out)
