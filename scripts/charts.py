@@ -45,6 +45,12 @@ REQUIREMENTS = os.path.join(ROOT, "scripts", "charts-requirements.txt")
 SYSTEM, MIMALLOC, DEFAULTS, OFF, RAW = "System", "mimalloc", "MKL defaults", "MKL everything off", "raw MKL_malloc/MKL_free"
 NUMPY = "NumPy's allocator"
 H_DEFAULTS, H_OFF = "mkl_alloc handler, MKL defaults", "mkl_alloc handler, MKL everything off"
+JEMALLOC, MKL_ALL = "jemalloc", "MklAllocator, MKL defaults"
+SPLIT, SPLIT_MI, SPLIT_JE = (
+    "MklSplitAllocator, MKL defaults",
+    "MklSplitAllocator<MiMalloc>, MKL defaults",
+    "MklSplitAllocator<Jemalloc>, MKL defaults",
+)
 COLORS = {
     SYSTEM: "#7f7f7f",
     MIMALLOC: "#9467bd",
@@ -54,6 +60,11 @@ COLORS = {
     NUMPY: "#7f7f7f",
     H_DEFAULTS: "#1f77b4",
     H_OFF: "#aec7e8",
+    JEMALLOC: "#8c564b",
+    SPLIT: "#1f77b4",
+    SPLIT_MI: "#17becf",
+    SPLIT_JE: "#2ca02c",
+    MKL_ALL: "#ff7f0e",
 }
 
 
@@ -342,15 +353,6 @@ def numpy_chart(plt, doc, out):
 
 
 SAVED = []
-
-
-SPLIT, SPLIT_MI, SPLIT_JE = (
-    "MklSplitAllocator, MKL defaults",
-    "MklSplitAllocator<MiMalloc>, MKL defaults",
-    "MklSplitAllocator<Jemalloc>, MKL defaults",
-)
-JEMALLOC, MKL_ALL = "jemalloc", "MklAllocator, MKL defaults"
-COLORS.update({JEMALLOC: "#8c564b", SPLIT: "#1f77b4", SPLIT_MI: "#17becf", SPLIT_JE: "#2ca02c", MKL_ALL: "#ff7f0e"})
 
 
 def whole_program(plt, doc, out):

@@ -192,9 +192,9 @@ pub fn workload_group(t: &mut Table) {
         &users[5],
         1.05,
     );
-    // The numeric rounds at two scales: 8 MiB buffers, which every peer
+    // The numeric rounds at two scales: 8 MiB buffers, which mimalloc
     // keeps and reuses; and 64 MiB, the big-buffer rows' size (the config
-    // group's temporaries), past mimalloc's and jemalloc's reuse.
+    // group's temporaries), which glibc and jemalloc fault in afresh.
     mixed_group(t, &bins, 8, 11);
     mixed_group(t, &bins, 64, 7);
 }
