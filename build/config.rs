@@ -1,12 +1,13 @@
 //! Provisioning for one of intel-mkl-src's eight configurations: the
 //! installed MKL intel-mkl-src finds, else the cache's parts for the
-//! configuration; and who emits the link lines (intel-mkl-src, unless its
-//! build script is overridden).
+//! configuration; and who emits the link lines (this script, unless the
+//! `intel-mkl-src` feature puts intel-mkl-src in the graph, its build script
+//! is not overridden, and it found an installed MKL).
 
 use crate::Result;
 use crate::cache::{self, Part};
 use crate::link::{emit_links, link_farm, report_lib_dir};
-use crate::one_mkl::{intel_mkl_src_overridden, one_mkl};
+use crate::one_mkl::{intel_mkl_src_links, one_mkl};
 use crate::pins::{DYNAMIC_RUNTIME, INTEL_OPENMP, MKL_DYNAMIC, MKL_STATIC, MKL_VERSION};
 use crate::prototypes;
 
@@ -23,17 +24,19 @@ pub fn provision(config: intel_mkl_tool::Config) -> Result<()> {
             println!("cargo:rustc-cfg=mkl_dynamic_iomp");
         }
     }
-    // With `links = "mkl_core"` overridden (see `one_mkl`), intel-mkl-src's
-    // build script does not run and links nothing: this script links every MKL.
-    let overridden = intel_mkl_src_overridden();
+    // Without the `intel-mkl-src` feature (the default), or with its
+    // `links = "mkl_core"` overridden (see `one_mkl`), intel-mkl-src's build
+    // script does not run for this crate and links nothing: this script
+    // links every MKL, and intel-mkl-src's ocipkg folder does not matter.
+    let links_here = !intel_mkl_src_links();
     if let Ok(lib) = intel_mkl_tool::Library::new(config) {
-        // intel-mkl-src finds the same library and emits the link lines
-        // (unless overridden: then they are emitted here).
+        // intel-mkl-src, when it runs, finds the same library and emits the
+        // link lines; otherwise they are emitted here.
         if config.link == LinkType::Dynamic {
             report_lib_dir(&lib.library_dir);
         }
         prototypes::check(&lib.include_dir.join("mkl_service.h"))?;
-        if !overridden {
+        if !links_here {
             return one_mkl(
                 config,
                 &format!("the installed MKL in {}", lib.library_dir.display()),
@@ -75,7 +78,7 @@ pub fn provision(config: intel_mkl_tool::Config) -> Result<()> {
     let what = config.to_string();
     let cache = cache::ensure(&parts, &what)?;
     prototypes::check(&cache.join("include").join("mkl_service.h"))?;
-    if !overridden {
+    if !links_here {
         one_mkl(
             config,
             &format!(

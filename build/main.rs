@@ -2,13 +2,16 @@
 //! this file decides only the order; each step is a module.
 //!
 //! The crate's features choose the link mode (`mode`): one of intel-mkl-src's
-//! eight configurations (`mkl-{static,dynamic}-{lp64,ilp64}-{seq,iomp}`,
-//! forwarded to intel-mkl-src), or `mkl-rt`, the single dynamic library
-//! `libmkl_rt` (intel-mkl-src is then not in the graph at all).
+//! eight configurations (`mkl-{static,dynamic}-{lp64,ilp64}-{seq,iomp}`), or
+//! `mkl-rt`, the single dynamic library `libmkl_rt`. intel-mkl-src is in the
+//! graph only with the `intel-mkl-src` feature (beside ndarray-linalg & co.),
+//! which forwards the configuration to it; by default this script alone
+//! provisions and links MKL, so `cargo add mkl-alloc` needs nothing else.
 //!
 //! 1. An installed MKL wins: for a configuration, found exactly as
 //!    intel-mkl-src finds it (pkg-config, `$MKLROOT`, `/opt/intel`, through
-//!    `intel-mkl-tool`), and intel-mkl-src emits the link lines (`config`);
+//!    `intel-mkl-tool`), and linked by this script, or by intel-mkl-src when
+//!    the feature puts it in the graph (`config`);
 //!    for `mkl-rt`, pkg-config `mkl-sdl`, `$MKLROOT`, then the `mkl` wheel of
 //!    the Python environment the build runs in, so a Python extension links
 //!    the very library its process loads (`rt`).
@@ -24,11 +27,12 @@
 //!    empty lock files.
 //! 3. Either way, the prototypes `src/ffi.rs` binds are checked against the
 //!    `mkl_service.h` of the MKL that is linked (`prototypes`).
-//! 4. A static build stops if intel-mkl-src's own fallback (an ocipkg
-//!    download of MKL 2020.1, linked by its build script, which runs first)
-//!    is present: two MKLs are never linked together (`one_mkl`). With
-//!    intel-mkl-src's build script overridden (`[target.<triple>.mkl_core]`
-//!    with `provided-by = "mkl-alloc"`), this script links every MKL.
+//! 4. With the `intel-mkl-src` feature, a static build stops if
+//!    intel-mkl-src's own fallback (an ocipkg download of MKL 2020.1, linked
+//!    by its build script, which runs first) is present: two MKLs are never
+//!    linked together (`one_mkl`). With intel-mkl-src's build script
+//!    overridden (`[target.<triple>.mkl_core]` with `provided-by =
+//!    "mkl-alloc"`), this script links every MKL, as it does by default.
 //!
 //! Dynamic modes link through a folder of links in `OUT_DIR` (`link`): the
 //! linker finds the unversioned names the wheels lack, and because that
@@ -82,7 +86,6 @@ fn main() {
         "PYTHON",
         "PYO3_PYTHON",
         "VIRTUAL_ENV",
-        "XDG_DATA_HOME",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }

@@ -1,5 +1,6 @@
 //! Which MKL link mode the crate's features select: exactly one of
-//! intel-mkl-src's eight configurations, or `mkl-rt`.
+//! intel-mkl-src's eight configurations (forwarded to intel-mkl-src only
+//! with the `intel-mkl-src` feature), or `mkl-rt`.
 
 use std::env;
 use std::str::FromStr;
@@ -43,6 +44,12 @@ pub fn mode() -> Result<Mode> {
         ([one], false) => intel_mkl_tool::Config::from_str(one)
             .map(Mode::Config)
             .map_err(|e| format!("mkl-alloc: bad MKL configuration {one}: {e}")),
+        ([], true) if crate::one_mkl::intel_mkl_src_in_graph() => Err(
+            "mkl-alloc: the intel-mkl-src feature needs one of the configurations \
+             (the same as the graph's intel-mkl-src), not mkl-rt: intel-mkl-src would \
+             link an MKL of its own beside libmkl_rt"
+                .to_string(),
+        ),
         ([], true) => Ok(Mode::Rt),
         (many, _) => Err(format!(
             "mkl-alloc: more than one MKL link mode is selected ({}{}): {choose}. \

@@ -1,7 +1,10 @@
 //! Whether a static build would link two MKLs: intel-mkl-src's ocipkg
 //! fallback (MKL 2020.1) beside ours. Such a build stops, saying how to
 //! resolve it; an override of intel-mkl-src's build script makes this
-//! script the one that links every MKL.
+//! script the one that links every MKL. All of this only with the
+//! `intel-mkl-src` feature: without it (the default) intel-mkl-src is not
+//! this crate's dependency, its build script does not run for it, and this
+//! script links MKL alone.
 
 use std::env;
 use std::fs;
@@ -14,11 +17,23 @@ use crate::cache::cache_dir;
 /// this script intel-mkl-src's build script was replaced (and so links no MKL).
 const OVERRIDE_KEY: &str = "provided-by";
 
-/// Whether intel-mkl-src's build script is overridden with
+/// Whether intel-mkl-src is this crate's dependency: the `intel-mkl-src`
+/// feature, for a graph that has it anyway (ndarray-linalg & co.). Its build
+/// script then runs before this one, with this crate's configuration.
+pub fn intel_mkl_src_in_graph() -> bool {
+    env::var_os("CARGO_FEATURE_INTEL_MKL_SRC").is_some()
+}
+
+/// Whether intel-mkl-src's build script runs and may emit link lines: it is
+/// a dependency (`intel_mkl_src_in_graph`) and not overridden with
 /// `provided-by = "mkl-alloc"` (cargo then passes `DEP_MKL_CORE_PROVIDED_BY`).
-pub fn intel_mkl_src_overridden() -> bool {
+/// When false, this script emits every link line.
+pub fn intel_mkl_src_links() -> bool {
+    if !intel_mkl_src_in_graph() {
+        return false;
+    }
     println!("cargo:rerun-if-env-changed=DEP_MKL_CORE_PROVIDED_BY");
-    env::var("DEP_MKL_CORE_PROVIDED_BY").is_ok_and(|v| v == "mkl-alloc")
+    !env::var("DEP_MKL_CORE_PROVIDED_BY").is_ok_and(|v| v == "mkl-alloc")
 }
 
 /// The folders where intel-mkl-src 0.8's fallback keeps (and from where it
@@ -28,6 +43,8 @@ pub fn intel_mkl_src_overridden() -> bool {
 /// ocipkg computes it. Any registry and tag folder counts; returns those
 /// that hold a static library (ocipkg links every `lib*.a` there).
 fn ocipkg_mkls(config: intel_mkl_tool::Config) -> Vec<PathBuf> {
+    // Read only here: a default build does not depend on it.
+    println!("cargo:rerun-if-env-changed=XDG_DATA_HOME");
     let data = env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -109,6 +126,8 @@ pub fn one_mkl(config: intel_mkl_tool::Config, ours: &str) -> Result<()> {
          - or point intel-mkl-src at one MKL for both: set MKLROOT to an MKL installation \
          (for example mkl-alloc's cache, {cache}, once it is complete), then remove {theirs} \
          (or run `cargo clean -p intel-mkl-src`) so that intel-mkl-src searches again;\n\
-         - removing {theirs} alone helps only where intel-mkl-src cannot download it again."
+         - removing {theirs} alone helps only where intel-mkl-src cannot download it again;\n\
+         - if nothing else in the graph depends on intel-mkl-src, drop mkl-alloc's \
+         `intel-mkl-src` feature: mkl-alloc then links its MKL alone."
     ))
 }

@@ -4,15 +4,25 @@
 # Each run checks MKL memory, a cblas_dgemm on MklAllocator buffers against a
 # naive product, and prints the MKL libraries it loaded (ldd for dynamic ones).
 #
-#   bash scripts/downstream-check.sh                 # the four CI modes, then one-mkl
+#   bash scripts/downstream-check.sh                 # cargo-add, the four CI modes, one-mkl
 #   bash scripts/downstream-check.sh mkl-static-ilp64-seq mkl-dynamic-ilp64-iomp
-#   bash scripts/downstream-check.sh one-mkl         # only the two-MKLs check
+#   bash scripts/downstream-check.sh cargo-add one-mkl
 #
-# one-mkl: a fake MKL 2020.1 (a static libmkl_core.a whose MKL_malloc
-# returns NULL) planted where intel-mkl-src's ocipkg fallback finds it
-# ($XDG_DATA_HOME/ocipkg/...). The default build must refuse, naming both
-# MKLs; with the override the refusal proposes, it must build a program
-# whose MKL allocations work. Nothing is downloaded (the folder exists).
+# The plant: a fake MKL 2020.1 (a static libmkl_core.a whose MKL_malloc
+# returns NULL) where intel-mkl-src's ocipkg fallback finds it
+# ($XDG_DATA_HOME/ocipkg/...), as if its download had succeeded.
+#
+# cargo-add: a new user's crate, `cargo new` then `cargo add` (of this
+# checkout by path: default features), the README's first example as its
+# main.rs, no .cargo/config.toml. Built and run with XDG_DATA_HOME at the
+# plant, then at an empty folder (where the download fails): intel-mkl-src
+# is not in the graph, and the 8 MiB vector is MKL's.
+#
+# one-mkl: the default configuration with the `intel-mkl-src` feature (a
+# graph that has intel-mkl-src anyway, ndarray-linalg & co.), and the plant.
+# The build must refuse, naming both MKLs; with the override the refusal
+# proposes, it must build a program whose MKL allocations work. Nothing is
+# downloaded (the folder exists).
 #
 # Modes share one target folder (target/downstream) so dependencies build once.
 set -euo pipefail
@@ -20,18 +30,67 @@ cd "$(dirname "$0")/.."
 root=$PWD
 export CARGO_TARGET_DIR="$root/target/downstream"
 modes=("$@")
-[ ${#modes[@]} -gt 0 ] || modes=(default mkl-static-lp64-iomp mkl-dynamic-lp64-seq mkl-rt one-mkl)
+[ ${#modes[@]} -gt 0 ] || modes=(cargo-add default mkl-static-lp64-iomp mkl-dynamic-lp64-seq mkl-rt one-mkl)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 unset LD_LIBRARY_PATH
 passed=0 failed=0
 
+# The plant (see the header), once: sets $plant. Returns non-zero on failure.
+xdg="$tmp/xdg" plant=""
+plant_fake_mkl() {
+  [ -z "$plant" ] || return 0
+  # The image intel-mkl-src 0.8 falls back to, read from its own build script.
+  local src image
+  src=$(cargo metadata --quiet --format-version 1 --manifest-path "$root/Cargo.toml" --features intel-mkl-src | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+print(next(p["manifest_path"] for p in m["packages"] if p["name"] == "intel-mkl-src"))') || return 1
+  image=$(sed -n 's|.*"\([^"]*/rust-mkl/linux/\){}:\([^"]*\)".*|\1mkl-static-lp64-seq/__\2|p' "$(dirname "$src")/build.rs" | head -1)
+  [ -n "$image" ] || { echo "FAIL: no Linux ocipkg image in $(dirname "$src")/build.rs"; return 1; }
+  printf '#include <stddef.h>\nvoid *MKL_malloc(size_t size, int align) { (void)size; (void)align; return NULL; }\n' >"$tmp/fake.c"
+  mkdir -p "$xdg/ocipkg/$image"
+  cc -c -fPIC -o "$tmp/fake.o" "$tmp/fake.c" && ar rcs "$xdg/ocipkg/$image/libmkl_core.a" "$tmp/fake.o" || return 1
+  plant="$xdg/ocipkg/$image"
+}
+
+# A new user's crate (see the header). Returns non-zero on failure.
+cargo_add() {
+  local crate="$tmp/ds-cargo-add" log="$tmp/cargo-add.log" empty="$tmp/xdg-empty" data bytes
+  plant_fake_mkl || return 1
+  mkdir -p "$empty"
+  (cd "$tmp" && cargo new --quiet --vcs none ds-cargo-add && cd ds-cargo-add && cargo add --quiet --path "$root") || return 1
+  # The README's first example, verbatim.
+  sed -n '/^## Use it/,/^## /p' README.md | sed -n '/^```rust/,/^```/p' | sed '1d;/^```/,$d' >"$crate/src/main.rs"
+  grep -q 'global_allocator' "$crate/src/main.rs" || { echo "FAIL: cargo-add: no #[global_allocator] example in README's Use it"; return 1; }
+  [ ! -e "$crate/.cargo" ] || { echo "FAIL: cargo-add: the crate has a .cargo folder"; return 1; }
+  (cd "$crate" && cargo tree --quiet -e normal,build --prefix none) >"$log" 2>&1 || { cat "$log"; echo "FAIL: cargo-add: cargo tree"; return 1; }
+  if grep -Eq '^(intel-mkl-src|ocipkg) ' "$log"; then
+    echo "FAIL: cargo-add: intel-mkl-src is in the default graph"; return 1
+  fi
+  # mkl-alloc built afresh, its build script run under the plant (the
+  # default case then reuses this build).
+  (cd "$crate" && cargo clean --release --quiet -p mkl-alloc) || return 1
+  for data in "$plant" "$empty"; do
+    if ! (cd "$crate" && XDG_DATA_HOME="${data%%/ocipkg/*}" cargo run --release --quiet) >"$log" 2>&1; then
+      cat "$log"; echo "FAIL: cargo-add: does not build or run (XDG_DATA_HOME=${data%%/ocipkg/*})"; return 1
+    fi
+    bytes=$(sed -n 's/.*MemStats { bytes: \([0-9]*\),.*/\1/p' "$log")
+    if [ -z "$bytes" ] || [ "$bytes" -lt $((8 << 20)) ]; then
+      cat "$log"; echo "FAIL: cargo-add: MKL does not count the 8 MiB vector"; return 1
+    fi
+    "$CARGO_TARGET_DIR/release/ds-cargo-add" >/dev/null || { echo "FAIL: cargo-add: the binary fails run directly"; return 1; }
+    echo "ok: cargo-add: builds and runs, MKL holds $bytes bytes ($([ "$data" = "$plant" ] && echo "intel-mkl-src's download folder planted" || echo "no download folder"))"
+  done
+  [ -z "$(ls -A "$empty")" ] || { echo "FAIL: cargo-add: something wrote into XDG_DATA_HOME: $(ls -A "$empty")"; return 1; }
+}
+
 # The two-MKLs check (see the header). Returns non-zero on failure.
 one_mkl() {
-  local crate="$tmp/ds-one-mkl" xdg="$tmp/xdg"
+  local crate="$tmp/ds-one-mkl"
   mkdir -p "$crate/src"
   cp scripts/downstream/main.rs "$crate/src/main.rs"
-  printf '#include <stddef.h>\nvoid *MKL_malloc(size_t size, int align) { (void)size; (void)align; return NULL; }\n' >"$tmp/fake.c"
+  plant_fake_mkl || return 1
   cat >"$crate/Cargo.toml" <<TOML
 [package]
 name = "ds-one-mkl"
@@ -40,7 +99,7 @@ edition = "2024"
 publish = false
 
 [dependencies]
-mkl-alloc = { path = "$root" }
+mkl-alloc = { path = "$root", features = ["intel-mkl-src"] }
 allocator-api2 = { version = "0.2", default-features = false, features = ["alloc"] }
 
 [lints.rust]
@@ -48,17 +107,6 @@ unexpected_cfgs = { level = "allow" }
 
 [workspace]
 TOML
-  # The image intel-mkl-src 0.8 falls back to, read from its own build script.
-  local src image plant
-  src=$(cd "$crate" && cargo metadata --quiet --format-version 1 | python3 -c '
-import json, sys
-m = json.load(sys.stdin)
-print(next(p["manifest_path"] for p in m["packages"] if p["name"] == "intel-mkl-src"))')
-  image=$(sed -n 's|.*"\([^"]*/rust-mkl/linux/\){}:\([^"]*\)".*|\1mkl-static-lp64-seq/__\2|p' "$(dirname "$src")/build.rs" | head -1)
-  [ -n "$image" ] || { echo "FAIL: one-mkl: no Linux ocipkg image in $(dirname "$src")/build.rs"; return 1; }
-  plant="$xdg/ocipkg/$image"
-  mkdir -p "$plant"
-  cc -c -fPIC -o "$tmp/fake.o" "$tmp/fake.c" && ar rcs "$plant/libmkl_core.a" "$tmp/fake.o" || return 1
   local log="$tmp/one-mkl.log"
   # intel-mkl-src's build script must run again to see the plant.
   (cd "$crate" && cargo clean --release --quiet -p intel-mkl-src) || return 1
@@ -73,7 +121,7 @@ print(next(p["manifest_path"] for p in m["packages"] if p["name"] == "intel-mkl-
   for needle in "two MKLs" "$plant" "2026.2.0" "mkl_core]" 'provided-by = "mkl-alloc"' MKLROOT; do
     grep -qF -- "$needle" "$log" || { cat "$log"; echo "FAIL: one-mkl: the refusal lacks '$needle'"; return 1; }
   done
-  sed -n '/two MKLs/,/download it again/p' "$log" | sed 's/^/  | /'
+  sed -n '/two MKLs/,/its MKL alone/p' "$log" | sed 's/^/  | /'
   echo "ok: one-mkl: refused, naming both MKLs and the ways out"
   # The first way out: intel-mkl-src's build script overridden.
   local triple
@@ -89,6 +137,11 @@ print(next(p["manifest_path"] for p in m["packages"] if p["name"] == "intel-mkl-
 }
 
 for mode in "${modes[@]}"; do
+  if [ "$mode" = cargo-add ]; then
+    echo "== cargo-add"
+    if cargo_add; then passed=$((passed+1)); else echo "FAIL: cargo-add"; failed=$((failed+1)); fi
+    continue
+  fi
   if [ "$mode" = one-mkl ]; then
     echo "== one-mkl"
     if one_mkl; then passed=$((passed+1)); else echo "FAIL: one-mkl"; failed=$((failed+1)); fi
@@ -105,8 +158,11 @@ for mode in "${modes[@]}"; do
   extra=""
   case "$mode" in
     # A graph that also asks intel-mkl-src for the same configuration, as
-    # ndarray-linalg's intel-mkl features do.
-    mkl-static-lp64-iomp) extra="intel-mkl-src = { version = \"0.8\", default-features = false, features = [\"$mode\"] }" ;;
+    # ndarray-linalg's intel-mkl features do: mkl-alloc's `intel-mkl-src`
+    # feature joins it (one intel-mkl-src, one MKL).
+    mkl-static-lp64-iomp)
+      dep="mkl-alloc = { path = \"$root\", default-features = false, features = [\"$mode\", \"intel-mkl-src\"] }"
+      extra="intel-mkl-src = { version = \"0.8\", default-features = false, features = [\"$mode\"] }" ;;
   esac
   cat >"$crate/Cargo.toml" <<TOML
 [package]
@@ -148,6 +204,17 @@ RS
   # Through cargo (its library path), then the binary alone (its rpath only).
   (cd "$crate" && DOWNSTREAM_MODE=$mode cargo run --release --quiet) || ok=false
   "$bin" >"$log" 2>&1 || { cat "$log"; echo "(run directly, no LD_LIBRARY_PATH)"; ok=false; }
+  if [ -n "$extra" ]; then
+    # One MKL beside intel-mkl-src: one build script alone links mkl_core.
+    linkers=$(cd "$crate" && DOWNSTREAM_MODE=$mode cargo build --release --quiet --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "build-script-executed" and any("mkl_core" in l for l in m["linked_libs"]):
+        print(m["package_id"])')
+    echo "  mkl_core linked by: $linkers"
+    [ "$(echo "$linkers" | grep -c .)" -eq 1 ] || { echo "FAIL: $mode: mkl_core is not linked by exactly one crate"; ok=false; }
+  fi
   case "$mode" in
     default|mkl-static-*) ;;
     *) ldd "$bin" | grep -E 'mkl|iomp' | sed 's/^/  ldd: /'
