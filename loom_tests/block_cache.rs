@@ -216,3 +216,64 @@ fn a_give_racing_a_lower_budget_stays_within_it() {
         assert_eq!(freed.len() + usize::from(!kept) + leftovers(&c).len(), 1);
     });
 }
+
+/// Issue 41: the budget covers the cache and the slack kept outside it in
+/// one word, so two frees at the budget's edge beside slack cannot both
+/// be kept.
+#[test]
+fn two_gives_beside_slack_at_the_budget_edge_keep_one() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(5 * MIB));
+        assert!(c.reserve(2 * MIB), "slack fits an empty cache");
+        let give = |k: usize| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let kept = c.give(fake(k), 2 * MIB, 0, |_, _| panic!("nothing to evict"));
+                assert!(c.bytes() <= 5 * MIB);
+                kept
+            })
+        };
+        let (a, b) = (give(1), give(2));
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        assert!(a ^ b, "2 MiB of slack leave room for one 2 MiB block of 5");
+        assert_eq!(c.held(), (2 * MIB, 1));
+        assert_eq!(
+            (c.bytes(), c.outside(), c.cached()),
+            (4 * MIB, 2 * MIB, 2 * MIB)
+        );
+        let _ = leftovers(&c);
+        c.unreserve(2 * MIB);
+        assert_eq!(c.bytes(), 0);
+    });
+}
+
+/// A free and a growth's slack racing for the last room under the budget:
+/// exactly one gets it, and the word is never above the budget.
+#[test]
+fn a_give_and_a_slack_reservation_race_for_the_last_room() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(4 * MIB));
+        assert!(c.reserve(MIB));
+        let giver = {
+            let c = c.clone();
+            thread::spawn(move || c.give(fake(1), 2 * MIB, 0, |_, _| panic!("nothing to evict")))
+        };
+        let grower = {
+            let c = c.clone();
+            thread::spawn(move || {
+                let ok = c.reserve(2 * MIB);
+                assert!(c.bytes() <= 4 * MIB);
+                ok
+            })
+        };
+        let (gave, grew) = (giver.join().unwrap(), grower.join().unwrap());
+        assert!(gave ^ grew, "3 MiB of room for 2 + 2 MiB: exactly one fits");
+        let outside = if grew { 3 * MIB } else { MIB };
+        assert_eq!(c.outside(), outside);
+        assert_eq!(c.bytes(), 3 * MIB);
+        assert_eq!(c.held().0, if gave { 2 * MIB } else { 0 });
+        let _ = leftovers(&c);
+        c.unreserve(outside);
+        assert_eq!(c.bytes(), 0);
+    });
+}

@@ -38,7 +38,7 @@ fn colliding(n: usize) -> Vec<usize> {
 }
 
 fn record(size: usize, asked: usize) -> Option<Chunk> {
-    Some(Chunk { size, asked })
+    Some(Chunk::new(size, asked))
 }
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -101,13 +101,7 @@ fn a_handed_over_chunk_is_found_resized_and_removed_elsewhere() {
         let got = handed.load(Ordering::Acquire);
         if got != 0 {
             assert_eq!(t.get(got), record(8 * MIB, 6 * MIB));
-            t.resize(
-                got,
-                Chunk {
-                    size: 4 * MIB,
-                    asked: 4 * MIB,
-                },
-            );
+            t.resize(got, Chunk::new(4 * MIB, 4 * MIB));
             assert_eq!(t.get(got), record(4 * MIB, 4 * MIB));
             assert_eq!(t.remove(got), Some(4 * MIB));
             assert_eq!(t.get(got), None);
@@ -140,5 +134,55 @@ fn a_removal_racing_an_insert_loses_neither() {
         assert_eq!(t.get(a[0]), None);
         assert_eq!(t.get(a[1]), record(2 * MIB, 2 * MIB));
         assert_eq!(t.get(a[2]), record(3 * MIB, 3 * MIB));
+    });
+}
+
+/// Issue 41: a trim giving a live chunk's slack back (its tail past what
+/// MKL last asked for) and the chunk's owner growing it within its size
+/// never act on the chunk at once: the owner decides on the size it read
+/// while holding the chunk, the trim skips a held chunk and the owner
+/// waits for a trim's. `mapped` stands for the chunk's mapping: the trim
+/// unmaps the tail, a growth past the mapping maps more; the bytes a
+/// growth within the chunk hands out are mapped whatever the interleaving.
+#[test]
+fn a_trim_and_a_growth_within_the_chunk_never_overlap() {
+    model(|| {
+        let t = Arc::new(ChunkTable::new());
+        let mapped = Arc::new(AtomicUsize::new(8 * MIB));
+        let addr = colliding(1)[0];
+        assert!(t.insert(addr, 8 * MIB, 4 * MIB));
+        let trimmer = {
+            let (t, mapped) = (t.clone(), mapped.clone());
+            thread::spawn(move || {
+                for i in 0..t.slots() {
+                    if let Some((a, c)) = t.try_lock_slot(i) {
+                        assert_eq!(a, addr);
+                        mapped.store(c.asked, Ordering::Relaxed);
+                        t.resize(a, Chunk::new(c.asked, c.asked));
+                    }
+                }
+            })
+        };
+        // The owner grows the block to 6 MiB: within the chunk if its size
+        // allows, else (trimmed) by growing the mapping.
+        let c = t.lock(addr).expect("the chunk is live");
+        let grown = if c.size >= 6 * MIB {
+            Chunk::new(c.size, 6 * MIB)
+        } else {
+            mapped.store(6 * MIB, Ordering::Relaxed);
+            Chunk::new(6 * MIB, 6 * MIB)
+        };
+        assert!(
+            mapped.load(Ordering::Relaxed) >= 6 * MIB,
+            "the growth's bytes were unmapped under it"
+        );
+        t.resize(addr, grown);
+        trimmer.join().unwrap();
+        let end = t.get(addr).expect("still live");
+        assert!(end.asked == 6 * MIB && end.size >= end.asked, "{end:?}");
+        assert!(mapped.load(Ordering::Relaxed) >= end.size);
+        // A free after both: the owner takes it and removes it.
+        assert_eq!(t.remove_record(addr), Some(end));
+        assert_eq!(t.get(addr), None);
     });
 }

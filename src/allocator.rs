@@ -176,7 +176,7 @@ unsafe fn alloc_slow(
             // Fresh from the kernel: every byte MKL did not write reads 0.
             Some((_, true)) => return p,
             Some(_) => zeroing::chunk_granule(size),
-            None => zeroing::FOREIGN_GRANULE,
+            None => zeroing::foreign_granule(),
         };
         // SAFETY: p is a block of at least `size` bytes that we own,
         // private anonymous memory (a chunk, or the C runtime's).
@@ -505,7 +505,7 @@ pub(crate) unsafe fn api_grow<B: Blocks>(
         // may be on the C runtime's huge pages.
         let granule = match backing::last_chunk() {
             Some(_) => zeroing::chunk_granule(new.size()),
-            None => zeroing::FOREIGN_GRANULE,
+            None => zeroing::foreign_granule(),
         };
         // SAFETY: the block holds new.size() >= old.size() bytes; only the
         // tail beyond the old contents is zeroed (lazily where large).
@@ -592,11 +592,12 @@ unsafe impl Blocks for MklAllocator {
 /// implementing [`Blocks`], forwarding each method to the `api_*` functions.
 /// The traits have the same shape; only the error type's path differs.
 macro_rules! allocator_via_blocks {
-    ([$($api:tt)*] [$($generics:tt)*] $ty:ty) => {
+    ([$($api:tt)*] [$($generics:tt)*] $ty:ty $(, #[$attr:meta])*) => {
         // SAFETY: the `unsafe impl Blocks` for this type promises valid,
         // fitting blocks from one allocator; the api_* functions add
         // Allocator's remaining rules (zero-sized layouts never reach it,
         // grow_zeroed zeroes the tail, failure leaves the old block intact).
+        $(#[$attr])*
         unsafe impl<$($generics)*> $($api)*::Allocator for $ty {
             #[inline]
             fn allocate(
@@ -669,8 +670,12 @@ pub(crate) use allocator_via_blocks;
 macro_rules! allocator_impls {
     ([$($generics:tt)*] $ty:ty) => {
         $crate::allocator::allocator_via_blocks!([allocator_api2::alloc] [$($generics)*] $ty);
+        // The attribute gives the impl docs.rs's feature badge.
         #[cfg(feature = "allocator-api2-04")]
-        $crate::allocator::allocator_via_blocks!([allocator_api2_04::alloc] [$($generics)*] $ty);
+        $crate::allocator::allocator_via_blocks!(
+            [allocator_api2_04::alloc] [$($generics)*] $ty,
+            #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
+        );
     };
 }
 pub(crate) use allocator_impls;

@@ -34,6 +34,7 @@ pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
 /// Reads and parses the variable `name`: unset or empty is the default,
 /// `on`; an unparsable value also keeps the default, with `warning` written
 /// to stderr (a typo should not cost a program its defaults).
+#[cfg_attr(loom, allow(dead_code))] // the block cache's, not built under loom
 pub(crate) fn read(name: &CStr, on: usize, warning: &[u8]) -> Option<usize> {
     let mut buf = crate::sys::EnvBuf::new();
     let value = crate::sys::env_var(name, &mut buf);

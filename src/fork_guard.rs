@@ -42,13 +42,29 @@
 //! first, so MKL's clean-up ran before the crate's destructor, unmarked
 //! (issue 34; `tests/fork_mkl_first.rs`). Where the TLS destructor is
 //! missing (glibc before 2.18, musl) the key's first round marks the
-//! thread, as before: covered only when the crate's key comes first. The
-//! main thread is not marked by its TLS destructor (it runs in `exit`,
-//! after which no key destructor gives the mark back). A thread marked
-//! `held` stays so through the TLS and key destructors that run after its
-//! mark: a fork waits for them. A slot whose thread died with `held` set
-//! (its first MKL call came during a late destructor round) is found by
-//! the prepare handler (`tgkill(pid, tid, 0)` fails) and given back.
+//! thread: covered only when the crate's key comes first.
+//!
+//! The main thread is not marked by its TLS destructor: those run in
+//! `exit`, which runs no key destructor after them (nothing would give the
+//! mark back) and no MKL clean-up either. A main thread that leaves by
+//! `pthread_exit` runs only the key destructors, in key order: the crate's
+//! key marks it if it comes before MKL's, so the key is made by a
+//! constructor of priority 100, before any constructor of the program's
+//! own can call MKL (`tests/fork_main_exit.rs`). Not covered: a main
+//! thread leaving by `pthread_exit` in a process where MKL ran before even
+//! that constructor (from a shared library's constructor, or in a module
+//! loaded later, as Python's are).
+//!
+//! A thread marked `held` stays so through the TLS and key destructors
+//! that run after its mark, whatever they do: they may wait on other
+//! threads, which may wait at the gate. A fork waiting only for `held`
+//! threads therefore backs off every millisecond or so (reopens the gate,
+//! releases the rare-call lock, sleeps, and tries again), so that it never
+//! waits on a thread that waits on it (issue 41: a logger guard flushing
+//! through a worker thread at thread exit hung the parent). A slot whose
+//! thread died with `held` set (its first MKL call came during a late
+//! destructor round) is found by the prepare handler
+//! (`tgkill(pid, tid, 0)` fails) and given back.
 //!
 //! **The order** in which the prepare handler takes everything (process.rs
 //! says it too): (1) the rare-call lock, (2) the gate: wait until no thread
@@ -105,8 +121,13 @@ mod real {
     };
 
     /// Threads with a slot of their own; any more (alive at once) share
-    /// [`OVERFLOW`], a counter they update with atomic read-modify-writes.
-    const SLOTS: usize = 512;
+    /// [`OVERFLOW`], a counter they update with atomic read-modify-writes,
+    /// and their exits are not marked. 4,096 (256 KiB of static memory,
+    /// resident only as far as threads have claimed slots; the prepare
+    /// handler scans up to the highest claimed). With 512, a review's
+    /// program of more threads than that hung a child in 3 of 92 forks
+    /// (issue 41).
+    const SLOTS: usize = 4096;
 
     /// One thread's marker, on its own cache line (two threads' stores
     /// never meet).
@@ -344,6 +365,24 @@ mod real {
         false
     }
 
+    /// The exit destructor's key, made by a constructor of priority 100,
+    /// ahead of the program's own prioritised constructors (101 and up)
+    /// and of the crate's setup (unprioritised): a program that calls MKL
+    /// from a constructor of its own then still has the crate's key before
+    /// MKL's, which is what marks a main thread that leaves by
+    /// `pthread_exit` (its TLS destructors do not run there: glibc runs
+    /// only the key destructors, in key order). Priorities up to 100 are
+    /// the toolchain's: this one creates a key and nothing else.
+    #[cfg(not(test))]
+    #[used]
+    #[unsafe(link_section = ".init_array.00100")]
+    static KEY_AT_LOAD: extern "C" fn() = {
+        extern "C" fn at_load() {
+            let _ = key();
+        }
+        at_load
+    };
+
     /// The exit destructor's key, created if needed (`None`: refused).
     fn key() -> Option<libc::pthread_key_t> {
         match KEY.load(Acquire) {
@@ -527,47 +566,122 @@ mod real {
     /// The prepare handler's steps 1 and 2 (module docs): the rare-call
     /// lock (unless this thread holds it: a fork from a signal handler),
     /// then the gate closed and every other thread out of MKL.
+    ///
+    /// A thread marked `held` runs its exit's destructors, which may wait
+    /// on other threads (a logger's guard flushing through a worker at
+    /// thread exit), and those may be waiting at the closed gate or for the
+    /// rare-call lock: a fork that only waited would never return (issue
+    /// 41). So while the only threads it waits for are `held` ones, the
+    /// fork backs off every [`BACK_OFF_SPINS`] spins: it reopens the gate,
+    /// releases the lock it took, sleeps for a millisecond and starts
+    /// again. A fork therefore never waits on a thread that waits on the
+    /// fork; at worst it waits as long as a destructor runs.
     pub(crate) fn prepare() {
         let me = token();
         let took = RARE.load(Relaxed) != me;
-        if took {
-            RARE_WANTED.fetch_add(1, Relaxed);
-            let mut spins = 0u32;
-            while RARE.compare_exchange_weak(0, me, Acquire, Relaxed).is_err() {
-                pause(&mut spins);
-            }
-            RARE_WANTED.fetch_sub(1, Relaxed);
-        }
         TOOK_RARE.set(took);
-        GATE.fetch_or(PENDING, SeqCst);
-        if GATE.load(Relaxed) & FENCE != 0 || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {
-            // Not in force: the fast path fences (FENCE); so does this side.
-            fence(SeqCst);
+        loop {
+            if took {
+                lock_rare_for_fork(me);
+            }
+            GATE.fetch_or(PENDING, SeqCst);
+            if GATE.load(Relaxed) & FENCE != 0 || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0
+            {
+                // Not in force: the fast path fences (FENCE); so does this side.
+                fence(SeqCst);
+            }
+            if others_out_of_mkl() {
+                return;
+            }
+            // Back off: everything this attempt took, given back.
+            reopen_gate();
+            if took {
+                RARE.store(0, Release);
+            }
+            sleep_ms(1);
         }
+    }
+
+    /// Spins of [`prepare`] waiting only for `held` threads before it backs
+    /// off (about a millisecond: a thread's own clean-up in MKL takes
+    /// microseconds).
+    const BACK_OFF_SPINS: u32 = 2048;
+
+    /// Takes the rare-call lock for a fork, ahead of the rare calls waiting
+    /// for it (see [`RARE_WANTED`]).
+    fn lock_rare_for_fork(me: usize) {
+        RARE_WANTED.fetch_add(1, Relaxed);
+        let mut spins = 0u32;
+        while RARE.compare_exchange_weak(0, me, Acquire, Relaxed).is_err() {
+            pause(&mut spins);
+        }
+        RARE_WANTED.fetch_sub(1, Relaxed);
+    }
+
+    /// Waits, with the gate closed, until no other thread is inside MKL or
+    /// marked `held`: `true`. `false`: only `held` threads were left for
+    /// [`BACK_OFF_SPINS`] spins, and the caller backs off (see [`prepare`]).
+    /// A slot whose thread died `held` is given back on the way.
+    fn others_out_of_mkl() -> bool {
         let mine = MINE.get();
         let my_overflow = MY_OVERFLOW.get();
         let mut spins = 0u32;
+        let mut held_only = 0u32;
         loop {
-            let mut busy = OVERFLOW.load(Acquire) != my_overflow;
+            let mut inside = OVERFLOW.load(Acquire) != my_overflow;
+            let mut held = false;
             for s in &SLOT[..HIGH.load(Acquire).min(SLOTS)] {
                 if ptr::eq(s, mine) {
                     continue;
                 }
                 if s.inside.load(Acquire) != 0 {
-                    busy = true;
+                    inside = true;
                 } else if s.held.load(Acquire) != 0 {
                     if spins > 1064 && !alive(s.tid.load(Relaxed)) {
                         release(s);
                     } else {
-                        busy = true;
+                        held = true;
                     }
                 }
             }
-            if !busy {
-                return;
+            if !inside && !held {
+                return true;
+            }
+            // A thread inside an MKL call leaves it without waiting on
+            // anything of the program's; a held one may not.
+            held_only = if inside { 0 } else { held_only + 1 };
+            if held_only > BACK_OFF_SPINS {
+                return false;
             }
             pause(&mut spins);
         }
+    }
+
+    /// Reopens the gate and wakes the threads waiting at it.
+    fn reopen_gate() {
+        GATE.fetch_and(!PENDING, SeqCst);
+        // SAFETY: FUTEX_WAKE on a static word wakes the threads waiting at
+        // the gate; no memory is written.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                GATE.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            );
+        }
+    }
+
+    /// Sleeps `ms` milliseconds (async-signal-safe: a fork's prepare
+    /// handler may run in a signal handler).
+    fn sleep_ms(ms: i64) {
+        let t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: ms * 1_000_000,
+        };
+        // SAFETY: nanosleep reads the timespec on our stack; an early wake
+        // (a signal) only shortens the back-off.
+        unsafe { libc::nanosleep(&t, ptr::null_mut()) };
     }
 
     /// One wait of a spin: a pause instruction at first, then the CPU
@@ -607,19 +721,14 @@ mod real {
                 unsafe { &*mine }.tid.store(tid, Relaxed);
             }
             OVERFLOW.store(MY_OVERFLOW.get(), Relaxed);
+            // The background decay thread is the parent's: not running here
+            // (the child starts its own when it next needs one).
+            crate::background::after_fork_in_child();
         }
-        GATE.fetch_and(!PENDING, SeqCst);
-        if !child {
-            // SAFETY: FUTEX_WAKE on a static word wakes the threads waiting
-            // at the gate; no memory is written.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    GATE.as_ptr(),
-                    libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                    i32::MAX,
-                );
-            }
+        if child {
+            GATE.fetch_and(!PENDING, SeqCst);
+        } else {
+            reopen_gate();
         }
         if TOOK_RARE.get() {
             RARE.store(0, Release);

@@ -147,6 +147,11 @@ pub(crate) fn setup() {
     resolve_mkl_entries();
     READY.store(true, Relaxed);
     SLOW.store(THRESHOLD, Relaxed);
+    // Last, once the allocation path is ready (starting the thread
+    // allocates, re-entering it): `MKL_ALLOC_BACKGROUND=on` starts the
+    // background decay thread. Never inside a hook: the setup runs at load,
+    // at `manager::init`, or above MKL at a first allocation.
+    crate::background::at_setup();
 }
 
 fn register_fork_handlers() {

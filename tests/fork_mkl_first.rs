@@ -8,9 +8,11 @@
 //! marked the thread: a fork then may copy MKL's locks taken, and the
 //! child spins for ever in its first `MKL_Mem_Stat`.
 //!
-//! A constructor of this test binary, with a priority (`.init_array.00101`)
-//! that runs it before the crate's unprioritised one, makes MKL's first
-//! call. Two threads then keep starting threads that allocate one block
+//! A constructor of this test binary, with a priority (`.init_array.00099`)
+//! that runs it before the crate's (the fork guard's key is made at
+//! priority 100, the setup unprioritised), makes MKL's first call: MKL's
+//! key then precedes the crate's, as it does where a shared library's
+//! constructor, or a Python module imported first, called MKL. Two threads then keep starting threads that allocate one block
 //! through the crate and exit; the main thread forks, and each child reads
 //! `manager::stats()` and exits. A child that does not exit within the
 //! deadline is hung: its stack (gdb, if installed) is in the message.
@@ -26,7 +28,7 @@ use allocator_api2::vec::Vec as AVec;
 use mkl_alloc::{MklAllocator, ffi, manager};
 
 #[used]
-#[unsafe(link_section = ".init_array.00101")]
+#[unsafe(link_section = ".init_array.00099")]
 static MKL_BEFORE_THE_SETUP: extern "C" fn() = {
     extern "C" fn first() {
         // SAFETY: MKL_malloc with a valid size and alignment; the block is

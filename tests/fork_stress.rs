@@ -40,8 +40,9 @@ use mkl_alloc::{MklAllocator, MklSplitAllocator, SharedMklVec, c_heap, manager};
 const MIB: usize = 1 << 20;
 
 /// Forks per configuration: 1,000 in release builds (CI's stress step),
-/// 100 in debug builds (a newcomer's `cargo test`) and under valgrind's
-/// small scale; `MKL_ALLOC_FORKS` sets another count.
+/// 100 under valgrind's small scale, 25 in debug builds (a newcomer's
+/// `cargo test`, where 100 took 100 s of CI's time for the three
+/// configurations); `MKL_ALLOC_FORKS` sets another count.
 fn forks() -> usize {
     if let Some(n) = std::env::var("MKL_ALLOC_FORKS")
         .ok()
@@ -49,7 +50,9 @@ fn forks() -> usize {
     {
         return n;
     }
-    if cfg!(debug_assertions) || std::env::var("MKL_ALLOC_TEST_SCALE").as_deref() == Ok("small") {
+    if cfg!(debug_assertions) {
+        25
+    } else if std::env::var("MKL_ALLOC_TEST_SCALE").as_deref() == Ok("small") {
         100
     } else {
         1000

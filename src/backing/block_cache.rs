@@ -28,7 +28,10 @@
 //!   the program's small frees through any path (every thread checks the
 //!   clock once per [`TICKS`] small frees: MKL's, `MklSplitAllocator`'s
 //!   system side, `c_heap`'s bins), as jemalloc decays without its
-//!   background thread: no thread is started here. For a process that
+//!   background thread; with [`background`](crate::background)'s thread
+//!   running (opt-in in Rust, on by default in the Python package) the
+//!   thread decays instead, without any further allocation, and the small
+//!   frees skip their countdown. For a process that
 //!   goes idle, cached chunks are marked `MADV_FREE` as they enter the
 //!   cache, so the kernel takes their pages whenever it needs memory
 //!   (jemalloc's "muzzy" state; on Windows `MEM_RESET`, which lets the
@@ -45,8 +48,11 @@
 //!   `MKL_Mem_Stat` (and mkl-service's `mem_stat()`) count live blocks
 //!   only; [`manager::stats`](crate::manager::stats) reports the cache
 //!   apart (`cached_bytes`, `cached_buffers`).
-//! - **Out of memory**: an allocation that fails while the cache holds
-//!   chunks empties the cache and is tried once more.
+//! - **Out of memory**: a chunk's mapping refused while the cache holds
+//!   chunks (for lack of memory or address space, or at the crate's share
+//!   of the kernel's mapping limit) unmaps cached chunks one at a time,
+//!   the largest first, until it is granted; a block of the C runtime's
+//!   that fails empties the cache and is tried once more.
 //!
 //! It serves every MKL block of 1 MiB or more, whoever asked for it:
 //! [`MklAllocator`](crate::MklAllocator), the MKL side of
@@ -204,6 +210,7 @@ mod instance {
 
     use super::shards::Cache;
     use super::{MIN_BLOCK, default_budget};
+    use crate::backing::medium;
     use crate::env::SizePolicy;
 
     static CACHE: Cache = Cache::new();
@@ -230,6 +237,12 @@ mod instance {
     pub fn enable(max_bytes: usize) {
         CACHE.set_budget(max_bytes, free_to_mkl);
         POLICY.set(MIN_BLOCK);
+        // A lower budget: the slack of live chunks beyond it goes back too
+        // (issue 41: only the cache was drained), and dirty medium blocks.
+        if CACHE.bytes() > max_bytes {
+            medium::empty();
+            crate::backing::trim_slack(max_bytes);
+        }
     }
 
     /// Turns the cache off and unmaps every cached chunk.
@@ -248,6 +261,10 @@ mod instance {
         // either is drained or sees the budget and keeps nothing (see
         // `Cache::set_budget`).
         CACHE.set_budget(0, free_to_mkl);
+        // Nothing kept: dirty medium blocks and the slack of live chunks
+        // go back too.
+        medium::empty();
+        crate::backing::trim_slack(0);
     }
 
     /// The budget while the cache is on, `None` while it is off. Reads
@@ -280,6 +297,7 @@ mod instance {
     /// ```
     pub fn set_decay_ms(ms: usize) {
         CACHE.set_decay_ms(ms);
+        medium::decay_changed();
     }
 
     /// The decay time in force, in milliseconds.
@@ -299,7 +317,7 @@ mod instance {
     /// println!("{idle} bytes of freed chunks kept for reuse");
     /// ```
     pub fn cached_bytes() -> usize {
-        CACHE.bytes()
+        CACHE.cached()
     }
 
     /// Bytes and blocks in the cache (for `manager::stats`).
@@ -307,14 +325,21 @@ mod instance {
         CACHE.held()
     }
 
-    /// Unmaps every cached chunk (`manager::free_buffers`, and an
-    /// allocation that failed).
+    /// Unmaps every cached chunk and gives back every dirty medium block
+    /// (`manager::free_buffers`, and an allocation that failed).
     pub(crate) fn empty() {
         CACHE.drain(free_to_mkl);
+        medium::empty();
+    }
+
+    /// Unmaps one cached chunk, the largest: `false` if the cache is empty
+    /// (a mapping refused at the mapping limit, or for lack of memory).
+    pub(crate) fn evict_one() -> bool {
+        CACHE.cached() != 0 && CACHE.evict_largest(free_to_mkl)
     }
 
     fn free_to_mkl(ptr: *mut u8, size: usize) {
-        let ptr = untag(ptr, size);
+        let (ptr, _) = untag(ptr, size);
         // SAFETY: every entry of the cache is a chunk of `size` bytes that
         // MKL freed into it; it left the cache, so nothing else has it.
         unsafe { crate::backing::unmap_chunk(ptr, size) }
@@ -412,21 +437,24 @@ mod instance {
     }
 
     /// A cached chunk not marked `MADV_FREE` is kept with bit 0 of its
-    /// address set (chunks are aligned to pages, so the bit is free): the
+    /// address set, and a chunk of two mappings (`chunks::Chunk::split`)
+    /// with bit 1 (chunks are aligned to pages, so the bits are free): the
     /// shards only store, compare sizes of and test the alignment of
     /// their entries, and every caller takes them with an alignment of 1.
-    fn tag(ptr: *mut u8) -> *mut u8 {
-        ptr.map_addr(|a| a | 1)
-    }
+    const UNMARKED: usize = 1;
+    const SPLIT: usize = 2;
 
     /// The chunk `ptr` (maybe tagged) of `size` bytes, out of the cache:
-    /// its address untagged and, if it was not marked, its allowance given
-    /// back.
-    fn untag(ptr: *mut u8, size: usize) -> *mut u8 {
-        if ptr.addr() & 1 != 0 {
+    /// its address untagged and whether it is split; if it was not
+    /// marked, its allowance given back.
+    fn untag(ptr: *mut u8, size: usize) -> (*mut u8, bool) {
+        if ptr.addr() & UNMARKED != 0 {
             return_credit(size);
         }
-        ptr.map_addr(|a| a & !1)
+        (
+            ptr.map_addr(|a| a & !(UNMARKED | SPLIT)),
+            ptr.addr() & SPLIT != 0,
+        )
     }
 
     /// Milliseconds of the coarse monotonic clock: a vDSO read of the
@@ -457,33 +485,75 @@ mod instance {
         }
     }
 
-    /// A cached chunk for a request of `size` bytes and its true size, or
-    /// null. Decays first.
+    /// A cached chunk for a request of `size` bytes, its true size and
+    /// whether it is two mappings; null if there is none. Decays first.
     #[inline(never)]
-    pub(crate) fn take(size: usize) -> (*mut u8, usize) {
-        CACHE.decay(now_ms(), free_to_mkl);
+    pub(crate) fn take(size: usize) -> (*mut u8, usize, bool) {
+        let now = now_ms();
+        CACHE.decay(now, free_to_mkl);
+        medium::maybe_decay(now);
         let (p, got) = CACHE.take(size, 1);
-        (untag(p, got), got)
+        let (p, split) = untag(p, got);
+        (p, got, split)
     }
 
     /// A cached chunk for a chunk growing to `size` bytes: as [`take`], up
     /// to [`GROWTH_SLACK`] times `size` (the grown chunk then serves the
     /// next growths in place, on pages already resident), or null.
     #[inline(never)]
-    pub(crate) fn take_for_growth(size: usize) -> (*mut u8, usize) {
-        CACHE.decay(now_ms(), free_to_mkl);
+    pub(crate) fn take_for_growth(size: usize) -> (*mut u8, usize, bool) {
+        let now = now_ms();
+        CACHE.decay(now, free_to_mkl);
+        medium::maybe_decay(now);
         let (p, got) = CACHE.take_within(size, size.saturating_mul(super::GROWTH_SLACK), 1);
-        (untag(p, got), got)
+        let (p, split) = untag(p, got);
+        (p, got, split)
     }
 
-    /// Whether `extra` more bytes of growth slack fit the budget beside
-    /// the cache and the slack there is (always, while the cache is off:
-    /// then slack is only a mild shrink's tail, at most a quarter of a
-    /// live chunk).
-    pub(crate) fn slack_fits(extra: usize) -> bool {
-        extra == 0
-            || POLICY.get(read_env) == OFF
-            || CACHE.bytes() + crate::backing::slack::bytes() + extra <= CACHE.budget()
+    /// Reserves `extra` more bytes of growth slack (see `backing::slack`)
+    /// under the budget, by the compare-and-swap that a chunk entering the
+    /// cache takes: `false` (nothing reserved) if they do not fit beside
+    /// the cache and the slack there is. Always `true` while the cache is
+    /// off: then slack is only a mild shrink's tail, at most a quarter of
+    /// a live chunk.
+    pub(crate) fn reserve_slack(extra: usize) -> bool {
+        if POLICY.get(read_env) == OFF {
+            CACHE.reserve_anyway(extra);
+            return true;
+        }
+        CACHE.reserve(extra)
+    }
+
+    /// Counts `extra` bytes of slack that cannot be given back (a mapping
+    /// the system rounded up, a tail the kernel would not trim).
+    pub(crate) fn reserve_slack_anyway(extra: usize) {
+        CACHE.reserve_anyway(extra);
+    }
+
+    /// Gives back `n` bytes of slack reserved before.
+    pub(crate) fn unreserve_slack(n: usize) {
+        CACHE.unreserve(n);
+    }
+
+    /// Bytes of growth slack reserved (what is reserved outside the
+    /// shards, less the dirty medium blocks').
+    pub(crate) fn slack_bytes() -> usize {
+        CACHE.outside().saturating_sub(medium::figures().1)
+    }
+
+    /// Reserves `n` bytes under the budget for a medium block going dirty
+    /// (see `backing::medium`), by the compare-and-swap that a chunk
+    /// entering the cache takes: `false` (nothing reserved) if they do not
+    /// fit, or the cache is off; the block is then given back at once.
+    #[inline(always)]
+    pub(crate) fn reserve_medium(n: usize) -> bool {
+        POLICY.get(read_env) != OFF && CACHE.reserve(n)
+    }
+
+    /// Gives back `n` bytes [`reserve_medium`] reserved.
+    #[inline(always)]
+    pub(crate) fn unreserve_medium(n: usize) {
+        CACHE.unreserve(n);
     }
 
     /// Counts one small free of this thread; every [`TICKS`](super::TICKS)th
@@ -507,8 +577,15 @@ mod instance {
     /// a caller that reaches the decay through a cold path of its own, so
     /// that its hot path stays a tail call. The hot path is a decrement
     /// and a test.
+    ///
+    /// While the background decay thread serves the process
+    /// ([`crate::background`]), never due, and no countdown at all: one
+    /// relaxed load.
     #[inline(always)]
     pub(crate) fn tick_due() -> bool {
+        if crate::background::serving() {
+            return false;
+        }
         COUNTDOWN.with(|c| {
             let n = c.get();
             c.set(n.wrapping_sub(1));
@@ -522,7 +599,21 @@ mod instance {
     #[inline(never)]
     pub(crate) fn idle_decay() {
         COUNTDOWN.with(|c| c.set(super::TICKS));
-        if CACHE.bytes() != 0 {
+        let cached = CACHE.cached() != 0;
+        if cached || medium::any_dirty() {
+            let now = now_ms();
+            if cached {
+                CACHE.decay(now, free_to_mkl);
+            }
+            medium::maybe_decay(now);
+        }
+    }
+
+    /// The background thread's sweep (`backing::decay_idle`): decays the
+    /// cache if it holds anything and a sweep is due; no countdown, nothing
+    /// allocated, a shard lock held only while its slots are copied.
+    pub(crate) fn decay_now() {
+        if CACHE.cached() != 0 {
             CACHE.decay(now_ms(), free_to_mkl);
         }
     }
@@ -531,12 +622,15 @@ mod instance {
     #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn lock_for_fork() {
         CACHE.lock_for_fork();
+        // After the shards: the medium classes' locks (innermost).
+        medium::lock_for_fork();
     }
 
     /// The parent's and the child's handler (`child`: recount the budget
     /// word first), releasing what [`lock_for_fork`] took.
     #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn unlock_after_fork(child: bool) {
+        medium::unlock_after_fork();
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.
         unsafe { CACHE.unlock_after_fork(child) }
@@ -548,27 +642,28 @@ mod instance {
     /// the kernel may take its pages if it needs them).
     ///
     /// # Safety
-    /// `ptr` is a chunk of exactly `size` bytes that nothing uses any more.
+    /// `ptr` is a chunk of exactly `size` bytes (two mappings if `split`)
+    /// that nothing uses any more.
     #[inline(never)]
-    pub(crate) unsafe fn give(ptr: *mut u8, size: usize) -> bool {
+    pub(crate) unsafe fn give(ptr: *mut u8, size: usize, split: bool) -> bool {
         let now = now_ms();
         CACHE.decay(now, free_to_mkl);
+        medium::maybe_decay(now);
         // The budget bounds the cache and the live chunks' slack together
-        // (see `backing::slack`).
-        let held = CACHE.bytes() + crate::backing::slack::bytes();
-        if size > CACHE.budget().saturating_sub(held) {
+        // (see `backing::slack`): one word holds both. Checked here before
+        // the `MADV_FREE` below; `CACHE.give` reserves by compare-and-swap.
+        if size > CACHE.budget().saturating_sub(CACHE.bytes()) {
             return false;
         }
         // Marked unless it is small and the unmarked chunks, with it, stay
         // within UNMARKED_MAX: what an idle process leaves resident.
         let unmarked = size < super::LAZY_FREE_MIN && take_credit(size);
-        let entry = if unmarked {
-            tag(ptr)
-        } else {
+        if !unmarked {
             // SAFETY: the caller's contract: the contents are nobody's.
             unsafe { crate::backing::lazy_free(ptr, size) };
-            ptr
-        };
+        }
+        let tags = if unmarked { UNMARKED } else { 0 } | if split { SPLIT } else { 0 };
+        let entry = ptr.map_addr(|a| a | tags);
         if CACHE.give(entry, size, now, free_to_mkl) {
             return true;
         }
@@ -587,22 +682,38 @@ mod instance {
     pub(crate) fn covers(_size: usize) -> bool {
         false
     }
-    pub(crate) fn take(_size: usize) -> (*mut u8, usize) {
-        (core::ptr::null_mut(), 0)
+    pub(crate) fn take(_size: usize) -> (*mut u8, usize, bool) {
+        (core::ptr::null_mut(), 0, false)
     }
-    pub(crate) fn take_for_growth(_size: usize) -> (*mut u8, usize) {
-        (core::ptr::null_mut(), 0)
+    pub(crate) fn take_for_growth(_size: usize) -> (*mut u8, usize, bool) {
+        (core::ptr::null_mut(), 0, false)
     }
-    pub(crate) unsafe fn give(_ptr: *mut u8, _size: usize) -> bool {
+    pub(crate) unsafe fn give(_ptr: *mut u8, _size: usize, _split: bool) -> bool {
         false
     }
     pub(crate) fn held() -> (usize, usize) {
         (0, 0)
     }
-    pub(crate) fn slack_fits(_extra: usize) -> bool {
+    /// Slack under loom: counted, never refused (loom models the budget
+    /// word in `loom_tests/block_cache.rs`).
+    static SLACK: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+    pub(crate) fn reserve_slack(extra: usize) -> bool {
+        SLACK.fetch_add(extra, core::sync::atomic::Ordering::Relaxed);
         true
     }
+    pub(crate) fn reserve_slack_anyway(extra: usize) {
+        SLACK.fetch_add(extra, core::sync::atomic::Ordering::Relaxed);
+    }
+    pub(crate) fn unreserve_slack(n: usize) {
+        SLACK.fetch_sub(n, core::sync::atomic::Ordering::Relaxed);
+    }
+    pub(crate) fn slack_bytes() -> usize {
+        SLACK.load(core::sync::atomic::Ordering::Relaxed)
+    }
     pub(crate) fn empty() {}
+    pub(crate) fn evict_one() -> bool {
+        false
+    }
     pub(crate) fn cached_bytes() -> usize {
         0
     }
@@ -613,6 +724,7 @@ mod instance {
         false
     }
     pub(crate) fn idle_decay() {}
+    pub(crate) fn decay_now() {}
 }
 #[cfg(loom)]
 pub(crate) use instance::*;

@@ -26,6 +26,12 @@
 //! whose window is full is not registered: the caller then serves the
 //! request from the C runtime instead.
 //!
+//! A slot's key also carries a `HELD` bit: a chunk's owner takes it to
+//! resize or free the chunk ([`Table::lock`]), and a trim giving slack
+//! back takes it without waiting ([`Table::try_lock_slot`]), so that the
+//! two never act on one chunk at once (issue 41: the slack of live chunks
+//! is given back when the budget is lowered or the buffers are freed).
+//!
 //! The table is a [`Table`]: the process has one (a static, behind the
 //! free functions below); a loom model (`loom_tests/chunks.rs`) builds its
 //! own, small, and races inserts, lookups of handed-over chunks and
@@ -34,14 +40,43 @@
 use crate::sync::AtomicUsize;
 use crate::sync::Ordering::{Acquire, Relaxed, Release};
 
+/// Bit 0 of a slot's key: the chunk is held, by its owner resizing or
+/// freeing it, or by a trim giving its slack back (`hooks::trim_slack`).
+/// An owner waits for a trim (one `munmap`); a trim never waits, it skips
+/// a held chunk. So a trim cannot unmap a tail that a growth within the
+/// chunk is handing to MKL, nor one that a free is handing to the cache.
+const HELD: usize = 1;
+
+/// One wait of a spin on a held slot.
+fn spin(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    if *spins < 64 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 /// Every chunk is aligned to this (one x86-64 huge page).
 pub(crate) const CHUNK_ALIGN: usize = 2 << 20;
 
 /// Slots in the table: 65 536 live chunks of 1 MiB or more (64 GiB at the
 /// least), in 1.5 MiB of zero-initialised static memory, which costs
 /// resident memory only where it is touched. Under loom: 8, so that
-/// windows overlap and wrap.
-const SLOTS: usize = if cfg!(loom) { 8 } else { 1 << 16 };
+/// windows overlap and wrap. Under Miri: 512, since Miri's borrow tracker
+/// visits every atomic of the table at each `&Table` it retags (196,608 of
+/// them at full size: 30 % of Miri's time went to those ranges, and every
+/// chunk operation took seconds); the tests there hold a few chunks.
+const SLOTS: usize = if cfg!(loom) {
+    8
+} else if cfg!(miri) {
+    1 << 9
+} else {
+    1 << 16
+};
 /// Slots probed per key.
 const WINDOW: usize = if cfg!(loom) { 4 } else { 64 };
 
@@ -65,6 +100,35 @@ pub struct Chunk {
     pub size: usize,
     /// The size MKL last asked for, rounded to pages (`<= size`).
     pub asked: usize,
+    /// Whether the chunk is two mappings (a growth moved a chunk's pages
+    /// onto the start of a cached one: see `hooks::grow_chunk`), not one.
+    /// Stored as bit 0 of the size word (sizes are whole pages).
+    pub split: bool,
+}
+
+impl Chunk {
+    /// A chunk of one mapping.
+    pub fn new(size: usize, asked: usize) -> Chunk {
+        Chunk {
+            size,
+            asked,
+            split: false,
+        }
+    }
+
+    /// The record of a slot's size and asked words.
+    fn from_words(size: usize, asked: usize) -> Chunk {
+        Chunk {
+            size: size & !1,
+            asked,
+            split: size & 1 != 0,
+        }
+    }
+
+    /// The slot's size word.
+    fn size_word(self) -> usize {
+        self.size | usize::from(self.split)
+    }
 }
 
 /// The first slot of `addr`'s window (Fibonacci hashing of the chunk's
@@ -118,66 +182,131 @@ impl Table {
     /// Records the chunk `addr` of `size` bytes, asked for as `asked`;
     /// `false` if its window is full (the chunk is then not the crate's:
     /// the caller unmaps it).
+    #[cfg_attr(not(loom), allow(dead_code))] // the loom models' way in
     pub fn insert(&self, addr: usize, size: usize, asked: usize) -> bool {
-        debug_assert!(may_be_chunk(addr) && asked <= size);
+        self.insert_chunk(addr, Chunk::new(size, asked))
+    }
+
+    /// Records the chunk `addr` as `c` (see [`insert`](Self::insert)).
+    pub fn insert_chunk(&self, addr: usize, c: Chunk) -> bool {
+        self.insert_as(addr, c, false)
+    }
+
+    /// Records the chunk `addr` as `c`, held (see [`lock`](Self::lock)) if
+    /// `locked`: its inserter then ends with [`resize`](Self::resize) or
+    /// [`remove`](Self::remove).
+    pub fn insert_as(&self, addr: usize, c: Chunk, locked: bool) -> bool {
+        debug_assert!(may_be_chunk(addr) && c.asked <= c.size);
+        let key = addr | usize::from(locked);
         for s in window(addr) {
             let slot = &self.slots[s];
             // A compare-and-swap without a load first: a slot's page, the
             // first time a process uses it, then costs one write fault, not
             // a read fault and a write fault (windows are mostly empty).
-            if slot.key.compare_exchange(0, addr, Acquire, Relaxed).is_ok() {
-                slot.size.store(size, Relaxed);
-                slot.asked.store(asked, Relaxed);
+            if slot.key.compare_exchange(0, key, Acquire, Relaxed).is_ok() {
+                slot.size.store(c.size_word(), Relaxed);
+                slot.asked.store(c.asked, Relaxed);
                 return true;
             }
         }
         false
     }
 
-    /// The slot holding the chunk `addr`, if it is one.
+    /// The slot holding the chunk `addr` (held or not), if it is one.
     fn slot(&self, addr: usize) -> Option<&Slot> {
         if !may_be_chunk(addr) {
             return None;
         }
         window(addr)
             .map(|s| &self.slots[s])
-            .find(|slot| slot.key.load(Relaxed) == addr)
+            .find(|slot| slot.key.load(Relaxed) & !HELD == addr)
     }
 
-    /// The record of the chunk `addr`, or `None` if it is not one.
+    /// Takes the chunk `addr` for its owner's resize or free and returns
+    /// its record (`None`: not a chunk): sets the slot's `HELD` bit,
+    /// waiting while a trim holds it (one `munmap`). The owner then ends
+    /// with [`resize`](Self::resize) (the new record, released) or
+    /// [`remove`](Self::remove).
+    pub fn lock(&self, addr: usize) -> Option<Chunk> {
+        let slot = self.slot(addr)?;
+        let mut spins = 0u32;
+        loop {
+            match slot
+                .key
+                .compare_exchange_weak(addr, addr | HELD, Acquire, Relaxed)
+            {
+                Ok(_) => break,
+                // Only its owner frees a chunk, and a trim holds it briefly.
+                Err(k) if k & !HELD == addr => spin(&mut spins),
+                Err(_) => return None,
+            }
+        }
+        Some(Chunk::from_words(
+            slot.size.load(Relaxed),
+            slot.asked.load(Relaxed),
+        ))
+    }
+
+    /// Takes the slot `i` if it holds a chunk nobody holds, for a trim:
+    /// the chunk's address and record (never waits).
+    pub fn try_lock_slot(&self, i: usize) -> Option<(usize, Chunk)> {
+        let slot = &self.slots[i];
+        let k = slot.key.load(Relaxed);
+        if k == 0 || k & HELD != 0 {
+            return None;
+        }
+        slot.key
+            .compare_exchange(k, k | HELD, Acquire, Relaxed)
+            .ok()?;
+        Some((
+            k,
+            Chunk::from_words(slot.size.load(Relaxed), slot.asked.load(Relaxed)),
+        ))
+    }
+
+    /// Slots in the table (for a trim's scan).
+    pub fn slots(&self) -> usize {
+        SLOTS
+    }
+
+    /// The record of the chunk `addr`, or `None` if it is not one (a read
+    /// that takes nothing: for the models and tests).
+    #[cfg_attr(not(any(loom, test)), allow(dead_code))]
     #[inline]
     pub fn get(&self, addr: usize) -> Option<Chunk> {
-        self.slot(addr).map(|slot| Chunk {
-            size: slot.size.load(Relaxed),
-            asked: slot.asked.load(Relaxed),
-        })
+        self.slot(addr)
+            .map(|slot| Chunk::from_words(slot.size.load(Relaxed), slot.asked.load(Relaxed)))
     }
 
-    /// Forgets the chunk `addr` and returns its size, or `None` (not a
-    /// chunk).
+    /// Forgets the chunk `addr`, which the caller holds
+    /// ([`lock`](Self::lock), [`insert_as`](Self::insert_as)), and returns
+    /// its size, or `None` (not a chunk).
     pub fn remove(&self, addr: usize) -> Option<usize> {
-        self.remove_record(addr).map(|c| c.size)
+        let slot = self.slot(addr)?;
+        let size = Chunk::from_words(slot.size.load(Relaxed), 0).size;
+        slot.key.store(0, Release);
+        Some(size)
     }
 
-    /// Forgets the chunk `addr` and returns its record, or `None` (not a
+    /// Forgets the chunk `addr` (its owner's free: taken first, as by
+    /// [`lock`](Self::lock)) and returns its record, or `None` (not a
     /// chunk).
     pub fn remove_record(&self, addr: usize) -> Option<Chunk> {
-        let slot = self.slot(addr)?;
-        let c = Chunk {
-            size: slot.size.load(Relaxed),
-            asked: slot.asked.load(Relaxed),
-        };
-        slot.key.store(0, Release);
+        let c = self.lock(addr)?;
+        self.remove(addr);
         Some(c)
     }
 
-    /// Records a new record for the live chunk `addr` (after a resize in
-    /// place, or a request served within its size).
+    /// Records a new record for the live chunk `addr` and releases it:
+    /// its holder's last step (after a resize in place, a request served
+    /// within its size, or a trim). Release: the record is stored before
+    /// the slot is free to take again.
     pub fn resize(&self, addr: usize, c: Chunk) {
         debug_assert!(c.asked <= c.size);
         if let Some(slot) = self.slot(addr) {
-            slot.size.store(c.size, Relaxed);
+            slot.size.store(c.size_word(), Relaxed);
             slot.asked.store(c.asked, Relaxed);
+            slot.key.store(addr, Release);
         }
     }
 }
@@ -186,17 +315,43 @@ impl Table {
 #[cfg(not(loom))]
 static TABLE: Table = Table::new();
 
-/// Records the chunk `addr` in the process's table (see [`Table::insert`]).
+/// Records the chunk `addr` in the process's table (see
+/// [`Table::insert_chunk`]).
 #[cfg(not(loom))]
-pub(crate) fn insert(addr: usize, size: usize, asked: usize) -> bool {
-    TABLE.insert(addr, size, asked)
+pub(crate) fn insert(addr: usize, c: Chunk) -> bool {
+    TABLE.insert_chunk(addr, c)
 }
 
 /// The record of the chunk `addr` (see [`Table::get`]).
-#[cfg(not(loom))]
+#[cfg(all(test, not(loom)))]
 #[inline]
 pub(crate) fn get(addr: usize) -> Option<Chunk> {
     TABLE.get(addr)
+}
+
+/// Takes the chunk `addr` for its owner (see [`Table::lock`]).
+#[cfg(not(loom))]
+pub(crate) fn lock(addr: usize) -> Option<Chunk> {
+    TABLE.lock(addr)
+}
+
+/// Records the chunk `addr`, held if `locked` (see [`Table::insert_as`]).
+#[cfg(not(loom))]
+pub(crate) fn insert_as(addr: usize, c: Chunk, locked: bool) -> bool {
+    TABLE.insert_as(addr, c, locked)
+}
+
+/// Calls `f` with each live chunk nobody holds, held for the call: its
+/// address and record; `f` returns the record to keep (see
+/// [`Table::try_lock_slot`]).
+#[cfg(not(loom))]
+pub(crate) fn for_each_unheld(mut f: impl FnMut(usize, Chunk) -> Chunk) {
+    for i in 0..TABLE.slots() {
+        if let Some((addr, c)) = TABLE.try_lock_slot(i) {
+            let kept = f(addr, c);
+            TABLE.resize(addr, kept);
+        }
+    }
 }
 
 /// Forgets the chunk `addr` (see [`Table::remove`]).
@@ -241,20 +396,29 @@ mod tests {
             .take(WINDOW + 1)
             .collect();
         for (i, &a) in addrs[..WINDOW].iter().enumerate() {
-            assert!(insert(a, (i + 1) << 20, (i + 1) << 20), "slot {i}");
+            assert!(
+                insert(a, Chunk::new((i + 1) << 20, (i + 1) << 20)),
+                "slot {i}"
+            );
         }
         assert!(
-            !insert(addrs[WINDOW], 1 << 20, 1 << 20),
+            !insert(addrs[WINDOW], Chunk::new(1 << 20, 1 << 20)),
             "the window is full"
         );
-        let c = |size, asked| Chunk { size, asked };
+        let c = Chunk::new;
         assert_eq!(get(addrs[7]), Some(c(8 << 20, 8 << 20)));
         resize(addrs[7], c(9 << 20, 5 << 20));
         assert_eq!(get(addrs[7]), Some(c(9 << 20, 5 << 20)));
         assert_eq!(remove(addrs[7]), Some(9 << 20));
         assert_eq!(get(addrs[7]), None);
         // The freed slot takes the next chunk; the others are still found.
-        assert!(insert(addrs[WINDOW], 1 << 20, 1 << 20));
+        assert!(insert(addrs[WINDOW], Chunk::new(1 << 20, 1 << 20)));
+        let split = Chunk {
+            split: true,
+            ..Chunk::new(4 << 20, 3 << 20)
+        };
+        resize(addrs[WINDOW], split);
+        assert_eq!(get(addrs[WINDOW]), Some(split), "the split bit kept apart");
         for &a in addrs.iter().filter(|&&a| a != addrs[7]) {
             assert!(remove(a).is_some());
         }

@@ -35,7 +35,8 @@
 //! policy or the first call of [`threshold`]), with libc's `getenv` (`GetEnvironmentVariableW` on Windows; the global
 //! allocator must not allocate to ask); [`enable`] and [`disable`] override
 //! it at any time. Any other value keeps the default, with one line on
-//! stderr.
+//! stderr. [`source`] says where the threshold in force came from (the
+//! default, the variable, or the program), as `manager::settings()` reports.
 //!
 //! Where THP is `never`, or the kernel refuses the advice, nothing fails: the
 //! advice is ignored and [`status`] says so, and [`unavailable_reason`]
@@ -77,9 +78,10 @@
 //! ```
 
 use core::ffi::CStr;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 
 use crate::env::SizePolicy;
+use crate::manager::Source;
 
 /// The size of an x86-64 transparent huge page (2 MiB): the granule that is
 /// advised, and the threshold `MKL_ALLOC_HUGE_PAGES=on` sets.
@@ -98,6 +100,21 @@ static ADVISED: AtomicU64 = AtomicU64::new(0);
 
 const ENV: &CStr = c"MKL_ALLOC_HUGE_PAGES";
 
+/// Where the threshold in force came from (see [`source`]): `SOURCE_UNREAD`
+/// until `read_env` or a setter runs, then `source_code`'s. A setter's
+/// store wins over an environment read racing it (the read only fills an
+/// unread word), as the policy word's own does.
+static SOURCE: AtomicU8 = AtomicU8::new(SOURCE_UNREAD);
+const SOURCE_UNREAD: u8 = 0;
+
+fn source_code(s: Source) -> u8 {
+    match s {
+        Source::Default => 1,
+        Source::Environment => 2,
+        Source::Program => 3,
+    }
+}
+
 /// Turns the policy on for MKL blocks of at least `min_bytes` bytes (a
 /// `min_bytes` of 0 is the same as 1, every block; a block smaller than
 /// 4 MiB may have no aligned 2 MiB interior to advise, and `usize::MAX` is
@@ -115,6 +132,7 @@ const ENV: &CStr = c"MKL_ALLOC_HUGE_PAGES";
 pub fn enable(min_bytes: usize) {
     // OFF is no threshold at all: usize::MAX - 1 selects the same blocks
     // (none has size usize::MAX), and 0 is stored as 1 (every block).
+    SOURCE.store(source_code(Source::Program), Relaxed);
     POLICY.set(min_bytes.min(OFF - 1));
 }
 
@@ -128,7 +146,31 @@ pub fn enable(min_bytes: usize) {
 /// assert_eq!(huge_pages::threshold(), None);
 /// ```
 pub fn disable() {
+    SOURCE.store(source_code(Source::Program), Relaxed);
     POLICY.set(OFF);
+}
+
+/// Where the threshold in force ([`threshold`]) came from:
+/// [`Source::Program`] once [`enable`] or [`disable`] was called (even with
+/// the value the environment gave), [`Source::Environment`] if
+/// `MKL_ALLOC_HUGE_PAGES` held a value the crate understood when it read
+/// it, else [`Source::Default`] (unset, empty, or a value it ignored).
+/// Reads `MKL_ALLOC_HUGE_PAGES` if nothing did yet.
+///
+/// ```
+/// use mkl_alloc::huge_pages;
+/// use mkl_alloc::manager::Source;
+///
+/// huge_pages::enable(huge_pages::DEFAULT_THRESHOLD);
+/// assert_eq!(huge_pages::source(), Source::Program);
+/// ```
+pub fn source() -> Source {
+    threshold();
+    match SOURCE.load(Relaxed) {
+        3 => Source::Program,
+        2 => Source::Environment,
+        _ => Source::Default,
+    }
 }
 
 /// The threshold in force: `Some(min_bytes)` while the policy is on, `None`
@@ -348,7 +390,19 @@ pub fn unavailable_reason() -> Option<Reason> {
 fn read_env() -> usize {
     const WARNING: &[u8] =
         b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages keep their default (4 MiB)\n";
-    match crate::env::read(ENV, DEFAULT_THRESHOLD, WARNING) {
+    let mut buf = crate::sys::EnvBuf::new();
+    let value = crate::sys::env_var(ENV, &mut buf);
+    let (policy, from) = match crate::env::parse(value, DEFAULT_THRESHOLD) {
+        Ok(p) if !value.is_empty() => (p, Source::Environment),
+        Ok(p) => (p, Source::Default),
+        Err(()) => {
+            crate::sys::write_stderr(WARNING);
+            (Some(DEFAULT_THRESHOLD), Source::Default)
+        }
+    };
+    // Only an unread word: a setter that ran meanwhile keeps its `Program`.
+    let _ = SOURCE.compare_exchange(SOURCE_UNREAD, source_code(from), Relaxed, Relaxed);
+    match policy {
         Some(t) => t.min(OFF - 1),
         None => OFF,
     }

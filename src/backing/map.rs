@@ -118,6 +118,19 @@ pub(crate) unsafe fn resize_in_place(p: *mut u8, old: usize, new: usize) -> bool
     q != libc::MAP_FAILED
 }
 
+/// Gives back the tail `[p + new, p + old)` of the chunk `p` of `old`
+/// bytes (both multiples of [`PAGE`]): unmapped, across both mappings of a
+/// split chunk (where `mremap` would refuse). Returns whether it did.
+///
+/// # Safety
+/// `[p, p + old)` is a live chunk of the crate's, whose tail past `new`
+/// nothing uses.
+#[cfg(not(miri))]
+pub(crate) unsafe fn trim_tail(p: *mut u8, old: usize, new: usize) -> bool {
+    // SAFETY: the caller's contract: the tail is the chunk's own, unused.
+    new < old && unsafe { libc::munmap(p.add(new).cast(), old - new) } == 0
+}
+
 /// Moves the chunk `p` of `old` bytes onto `target` (2 MiB-aligned), as
 /// its first `new >= old` bytes: whatever `target` held there is
 /// discarded; pages of `target` past `new` are untouched. Null on failure
@@ -186,6 +199,11 @@ pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
     // SAFETY: the caller's contract: `p` is a chunk `map` made with this
     // layout (chunks never change size under Miri), unused from now on.
     unsafe { crate::ffi::kernel_unmap(p, layout) };
+}
+
+#[cfg(miri)]
+pub(crate) unsafe fn trim_tail(_p: *mut u8, _old: usize, _new: usize) -> bool {
+    false
 }
 
 #[cfg(miri)]

@@ -3,7 +3,8 @@
 //! every `mmap` fails, the C library's and the program's too. Each chunk
 //! is a mapping of its own (on a 2 MiB boundary, with holes beside it, it
 //! never merges with its neighbours), or two where it grew onto a cached
-//! chunk (`hooks::grow_chunk`): so the crate keeps at most a quarter of the
+//! chunk (`hooks::grow_chunk`, which copies rather than add a third:
+//! `chunks::Chunk::split`): so the crate keeps at most a quarter of the
 //! limit in chunks, live and cached, and with that its mappings within
 //! half of it. Beyond, `map::map` refuses, and the hooks serve the request
 //! from the C runtime (a new block, or a growth copied there).

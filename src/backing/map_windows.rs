@@ -150,6 +150,18 @@ pub(crate) unsafe fn unmap(p: *mut u8, size: usize) {
     unsafe { VirtualFree(p.cast(), 0, MEM_RELEASE) };
 }
 
+/// Gives back the tail `[p + new, p + old)` of the chunk `p` of `old`
+/// bytes: decommitted (kept reserved: a later growth recommits it), never
+/// on large pages. Returns whether it did.
+///
+/// # Safety
+/// `[p, p + old)` is a live chunk of the crate's, whose tail past `new`
+/// nothing uses.
+pub(crate) unsafe fn trim_tail(p: *mut u8, old: usize, new: usize) -> bool {
+    // SAFETY: the caller's contract; a shrink decommits only the tail.
+    new < old && unsafe { resize_in_place(p, old, new) }
+}
+
 /// Resizes the chunk `p` of `old` bytes to `new` bytes (multiples of
 /// [`PAGE`]) in place: a shrink decommits the tail, except on large pages
 /// (never decommitted: `false`, the chunk whole); a growth works only into

@@ -38,6 +38,24 @@ pub(crate) const LAZY_ZERO_MIN: usize = 1 << 20;
 /// largest page a C runtime's heap is put on here.
 pub(crate) const FOREIGN_GRANULE: usize = 2 << 20;
 
+/// A granule no block's interior spans (2^62): the block is written whole.
+const WRITE_WHOLE: usize = 1 << (usize::BITS - 2);
+
+/// The granule for a block that is not the crate's chunk (MKL took it from
+/// the functions beneath it): [`FOREIGN_GRANULE`] where those are the C
+/// library's own (or, on Windows, where `discard_to_zero` checks each
+/// range's kind itself), whose blocks are private anonymous memory. Other
+/// functions (a program's own `i_malloc`) may hand out shared or
+/// file-backed memory, whose released pages do not read as zero: there the
+/// block is written whole.
+pub(crate) fn foreign_granule() -> usize {
+    if super::foreign_is_anonymous() {
+        FOREIGN_GRANULE
+    } else {
+        WRITE_WHOLE
+    }
+}
+
 /// The granule for a block of `size` bytes in a reused chunk of the
 /// crate's: a page, or 2 MiB where the huge-page policy covers the block.
 /// Such a chunk is advised onto huge pages but for its first 2 MiB, kept on

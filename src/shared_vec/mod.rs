@@ -864,6 +864,7 @@ impl<T: Copy> SharedMklVec<T> {
 }
 
 #[cfg(feature = "bytemuck")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bytemuck")))]
 impl<T: Copy + bytemuck::Zeroable> SharedMklVec<T> {
     /// `len` all-zero elements straight from `MKL_calloc`, aligned to 64
     /// (for element types whose all-zero bytes are a valid value).

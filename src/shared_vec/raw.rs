@@ -338,7 +338,15 @@ mod tests {
         raw.extend_from_slice(&[1, 2, 3]).unwrap();
         assert_eq!(manager::stats().buffers, before.buffers + 1);
         drop(raw);
-        assert_eq!(manager::stats(), before);
+        // Freed to MKL; beneath it the block (8 KiB) may stay a dirty
+        // medium block, and MKL's first block brings MKL's own: the
+        // medium figures are not compared.
+        let after = manager::stats();
+        assert_eq!(after.mkl_held(), before.mkl_held());
+        assert_eq!(
+            (after.cached_bytes, after.slack_bytes, after.backing),
+            (before.cached_bytes, before.slack_bytes, before.backing)
+        );
     }
 
     #[test]

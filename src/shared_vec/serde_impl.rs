@@ -36,6 +36,7 @@ const FIELDS: &[&str] = &["alignment", "data"];
 /// before elements actually arrive.
 const MAX_PREALLOC_BYTES: usize = 1 << 20;
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl<T: Copy + Serialize> Serialize for SharedMklVec<T> {
     /// Serialises under a view, so a concurrent resize is refused meanwhile;
     /// fails (with the [`SharedVecError`](super::SharedVecError) message) if
@@ -79,6 +80,7 @@ impl<T: Copy + Serialize> Serialize for RawElements<T> {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl<'de, T: Copy + Deserialize<'de>> Deserialize<'de> for SharedMklVec<T> {
     /// Rebuilds the buffer at its recorded alignment; an alignment MKL cannot
     /// honour, or a failed allocation, is a deserialisation error. The

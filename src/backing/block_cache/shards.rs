@@ -144,10 +144,21 @@ impl Drop for Locked<'_> {
 /// orderings suffice: the counter only bounds memory, a single atomic's
 /// read-modify-writes are totally ordered whatever their ordering, and the
 /// blocks themselves pass between threads under the shards' mutexes.
+///
+/// The same word covers memory the cache's owner keeps outside the shards
+/// under the same budget (the live chunks' growth slack, `backing::slack`):
+/// [`reserve`](Self::reserve) takes it by the same compare-and-swap, so a
+/// block entering the cache and slack being kept can never both pass a
+/// check that only one fits (issue 41: with two words, two threads freeing
+/// at the budget's edge both did). `outside` says how much of `bytes` is
+/// that memory.
 pub struct Cache {
     shards: [Shard; SHARDS],
-    /// Bytes reserved by cached blocks (and by blocks entering or leaving).
+    /// Bytes reserved: cached blocks (and blocks entering or leaving) plus
+    /// `outside`.
     bytes: AtomicUsize,
+    /// Bytes of `bytes` held outside the shards (see [`reserve`](Self::reserve)).
+    outside: AtomicUsize,
     /// The most `bytes` may reach.
     budget: AtomicUsize,
     /// When (ms) the next decay sweep is due.
@@ -163,6 +174,7 @@ impl Cache {
         Cache {
             shards: [const { Shard::new() }; SHARDS],
             bytes: AtomicUsize::new(0),
+            outside: AtomicUsize::new(0),
             budget: AtomicUsize::new(0),
             next_sweep: AtomicUsize::new(0),
             decay: AtomicUsize::new(DECAY_MS),
@@ -177,6 +189,7 @@ impl Cache {
                 slots: Mutex::new(Slots([Entry::EMPTY; SLOTS])),
             }),
             bytes: AtomicUsize::new(0),
+            outside: AtomicUsize::new(0),
             budget: AtomicUsize::new(budget),
             next_sweep: AtomicUsize::new(0),
             decay: AtomicUsize::new(DECAY_MS),
@@ -229,20 +242,9 @@ impl Cache {
         now: usize,
         free: impl FnOnce(*mut u8, usize),
     ) -> bool {
-        let budget = self.budget.load(Relaxed);
-        let mut held = self.bytes.load(Relaxed);
-        loop {
-            if size > budget.saturating_sub(held) {
-                return false;
-            }
-            match self
-                .bytes
-                .compare_exchange_weak(held, held + size, Relaxed, Relaxed)
-            {
-                Ok(_) => break,
-                Err(now_held) => held = now_held,
-            }
-        }
+        let Some(held) = self.reserve_bytes(size) else {
+            return false;
+        };
         if held == 0 {
             // The cache was empty: nothing can be due before this block,
             // so the first sweep waits for it (a sweep visits every shard,
@@ -285,12 +287,75 @@ impl Cache {
         true
     }
 
+    /// Reserves `n` bytes of the budget (compare-and-swap, never past it):
+    /// the bytes reserved before, or `None` if `n` more do not fit.
+    fn reserve_bytes(&self, n: usize) -> Option<usize> {
+        let budget = self.budget.load(Relaxed);
+        let mut held = self.bytes.load(Relaxed);
+        loop {
+            if n > budget.saturating_sub(held) {
+                return None;
+            }
+            match self
+                .bytes
+                .compare_exchange_weak(held, held + n, Relaxed, Relaxed)
+            {
+                Ok(_) => return Some(held),
+                Err(now_held) => held = now_held,
+            }
+        }
+    }
+
+    /// Reserves `n` bytes of the budget for memory kept outside the shards
+    /// (growth slack), by the same compare-and-swap as a block entering
+    /// the cache; `false`, reserving nothing, if they do not fit beside
+    /// what the cache and the slack already hold.
+    pub fn reserve(&self, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let ok = self.reserve_bytes(n).is_some();
+        if ok {
+            self.outside.fetch_add(n, Relaxed);
+        }
+        ok
+    }
+
+    /// Counts `n` bytes kept outside the shards whether or not they fit
+    /// the budget (slack the owner cannot give back: a mapping the system
+    /// rounded up).
+    pub fn reserve_anyway(&self, n: usize) {
+        if n != 0 {
+            self.bytes.fetch_add(n, Relaxed);
+            self.outside.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Gives back `n` bytes reserved outside the shards.
+    pub fn unreserve(&self, n: usize) {
+        if n != 0 {
+            self.outside.fetch_sub(n, Relaxed);
+            self.bytes.fetch_sub(n, Relaxed);
+        }
+    }
+
+    /// Bytes reserved outside the shards (growth slack).
+    pub fn outside(&self) -> usize {
+        self.outside.load(Relaxed)
+    }
+
+    /// Bytes reserved by cached blocks (and blocks entering or leaving):
+    /// [`bytes`](Self::bytes) less [`outside`](Self::outside), a snapshot.
+    pub fn cached(&self) -> usize {
+        self.bytes().saturating_sub(self.outside())
+    }
+
     /// If a sweep is due at `now` (ms), gives every block cached at least
     /// the decay time ago to `free` (one thread sweeps; the others go on).
     pub fn decay(&self, now: usize, mut free: impl FnMut(*mut u8, usize)) {
         let decay = self.decay.load(Relaxed);
         let due = self.next_sweep.load(Relaxed);
-        if now < due || self.bytes.load(Relaxed) == 0 {
+        if now < due || self.cached() == 0 {
             return;
         }
         if self
@@ -301,6 +366,28 @@ impl Cache {
             return; // another thread sweeps
         }
         self.release(|e| now.saturating_sub(e.since) >= decay, &mut free);
+    }
+
+    /// Gives the largest cached block to `free` (the shards visited from
+    /// the largest size class down; the first block found in the highest
+    /// non-empty class, its largest); `false` if there is none.
+    pub fn evict_largest(&self, free: impl FnOnce(*mut u8, usize)) -> bool {
+        for shard in self.shards.iter().rev() {
+            let e = {
+                let mut slots = shard.lock();
+                let Some(i) = (0..SLOTS)
+                    .filter(|&i| !slots.0[i].ptr.is_null())
+                    .max_by_key(|&i| slots.0[i].size)
+                else {
+                    continue;
+                };
+                core::mem::replace(&mut slots.0[i], Entry::EMPTY)
+            };
+            self.bytes.fetch_sub(e.size, Relaxed);
+            free(e.ptr, e.size);
+            return true;
+        }
+        false
     }
 
     /// Gives every cached block to `free`.
@@ -329,7 +416,8 @@ impl Cache {
     }
 
     /// Sets the budget; if it is lower than before, or the cache holds
-    /// more, the cache is emptied into `free`.
+    /// more, the cache is emptied into `free` (memory reserved outside the
+    /// shards is its owner's to give back: see `backing::slack::trim`).
     ///
     /// Why the drain leaves no straggler: a `give` checks the budget under
     /// its shard's lock. If it takes that lock after the drain has visited
@@ -362,7 +450,7 @@ impl Cache {
         self.budget.load(Relaxed)
     }
 
-    /// Bytes reserved by cached blocks.
+    /// Bytes reserved: cached blocks plus [`outside`](Self::outside).
     pub fn bytes(&self) -> usize {
         self.bytes.load(Relaxed)
     }
@@ -429,7 +517,8 @@ impl Cache {
                     bytes += slots.0.iter().map(|e| e.size).sum::<usize>();
                 }
             }
-            self.bytes.store(bytes, Relaxed);
+            self.bytes
+                .store(bytes + self.outside.load(Relaxed), Relaxed);
         }
         for shard in &self.shards {
             // SAFETY: as above; the guard leaves the shard and unlocks it.
@@ -444,7 +533,7 @@ impl Cache {
         // answer, without taking all 176 locks (`manager::stats` asks).
         // Relaxed: a snapshot; what this thread did itself, or learned of
         // through other synchronisation, is already visible.
-        if self.bytes.load(Relaxed) == 0 {
+        if self.cached() == 0 {
             return (0, 0);
         }
         let mut total = (0, 0);
