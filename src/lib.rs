@@ -1,5 +1,23 @@
 //! Intel oneMKL's memory manager behind Rust's allocator interfaces.
 //!
+//! The whole program's large buffers on MKL, its small objects on the
+//! system allocator:
+//!
+//! ```
+//! use mkl_alloc::MklSplitAllocator;
+//!
+//! #[global_allocator]
+//! static GLOBAL: MklSplitAllocator = MklSplitAllocator;
+//!
+//! fn main() {
+//!     let v = vec![0.0f64; 1 << 20]; // 8 MiB: MKL memory, 64-byte aligned
+//!     assert_eq!(v.as_ptr() as usize % 64, 0);
+//! }
+//! ```
+//!
+//! (`MklAllocator` installs the same way, for a program in which every
+//! block must be MKL's.) What is in the crate:
+//!
 //! - [`MklAllocator`]: `GlobalAlloc` and allocator-api2's `Allocator` on
 //!   `MKL_malloc` / `MKL_calloc` / `MKL_realloc` / `MKL_free`; every block is
 //!   aligned to at least 64 bytes.
@@ -7,7 +25,9 @@
 //!   small blocks (under 4 KiB by default, alignment at most 16) from the
 //!   system allocator, or from any other (`MklSplitAllocator::over(MiMalloc)`),
 //!   all others from MKL aligned to 64 bytes.
-//! - [`manager`]: MKL's memory statistics, peak usage and buffer caches.
+//! - [`manager`]: MKL's memory statistics, peak usage and buffer caches;
+//!   the crate's settings in force and where each came from
+//!   ([`manager::settings`], whose `Display` is one line per setting).
 //! - [`backing`]: beneath MKL, the memory MKL draws on. MKL's memory
 //!   functions (`i_malloc` & co.) are the crate's: every MKL block of
 //!   1 MiB or more, the program's and MKL's own, lives in a chunk of the
@@ -19,6 +39,10 @@
 //!   - [`huge_pages`]: chunks of 4 MiB and more by default on transparent
 //!     huge pages (`madvise(MADV_HUGEPAGE)`; `MKL_ALLOC_HUGE_PAGES=off`
 //!     turns it off).
+//! - [`background`]: a decay thread (opt-in in Rust, `MKL_ALLOC_BACKGROUND=on`
+//!   or [`background::start`]; on by default in the Python package) that
+//!   gives idle cached memory back without any further allocation; while it
+//!   runs, small frees do no decay work.
 //! - Large zeroed blocks cost nothing until touched: a fresh chunk is not
 //!   written at all, a reused one has its pages given back
 //!   (`MADV_DONTNEED`) instead of written.
@@ -42,10 +66,14 @@
 #![cfg_attr(mkl_alloc_nightly, feature(allocator_api))]
 #![cfg_attr(mkl_alloc_nightly, allow(unknown_lints, unused_features))]
 #![warn(missing_docs)]
+// docs.rs builds with `--cfg docsrs` (Cargo.toml): feature-gated items carry
+// a badge naming their feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-// intel-mkl-src links an installed MKL in the chosen configuration (build/
-// links the cached one, or libmkl_rt under `mkl-rt`).
-#[cfg(not(feature = "mkl-rt"))]
+// With the `intel-mkl-src` feature, intel-mkl-src links an installed MKL in
+// the chosen configuration; otherwise build/ links MKL (installed or cached,
+// or libmkl_rt under `mkl-rt`).
+#[cfg(feature = "intel-mkl-src")]
 extern crate intel_mkl_src as _;
 
 /// Dynamic configurations: the interface library (which also holds
@@ -85,6 +113,9 @@ mod split;
 mod fork_guard;
 pub mod manager;
 mod process;
+mod settings;
+// The background decay thread (opt-in).
+pub mod background;
 // Beneath MKL: the memory it draws on, one policy per file.
 pub mod backing;
 pub use backing::{block_cache, huge_pages};

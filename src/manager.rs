@@ -5,11 +5,20 @@
 //! disable the caches. They act on MKL's manager as a whole: blocks from
 //! [`MklAllocator`](crate::MklAllocator), from `SharedMklVec` and from MKL's
 //! own routines alike.
+//!
+//! The crate's settings in force (the block cache's budget and decay, the
+//! huge-page threshold) and where each came from: [`settings`], whose
+//! [`Settings`] prints one line per setting; set at run time with
+//! [`set_block_cache`], [`set_decay_ms`] and [`set_huge_pages`].
 
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::{ffi, fork_guard};
+
+pub use crate::settings::{Settings, SizeValueError, Source, parse_size, set_huge_pages};
+#[cfg(not(loom))]
+pub use crate::settings::{set_block_cache, set_decay_ms, settings};
 
 /// What MKL's memory manager holds right now, from `MKL_Mem_Stat`, and
 /// what the [block cache](crate::block_cache) beneath MKL keeps besides.
@@ -40,6 +49,49 @@ pub struct MemStats {
     /// }
     /// ```
     pub slack_bytes: u64,
+    /// Bytes in live medium blocks beneath MKL (MKL's blocks of 4 KiB up
+    /// to 1 MiB, on the crate's memory: see [`backing`](crate::backing)),
+    /// at their size classes' sizes. MKL counts the same blocks in
+    /// `bytes`, at the sizes asked; 0 where medium blocks are off
+    /// (`MKL_ALLOC_MEDIUM=off`, Windows).
+    ///
+    /// ```
+    /// use allocator_api2::vec::Vec;
+    /// use mkl_alloc::{MklAllocator, backing, manager};
+    ///
+    /// let before = manager::stats().medium_live_bytes;
+    /// let v: Vec<u8, _> = Vec::with_capacity_in(48 << 10, MklAllocator);
+    /// let during = manager::stats().medium_live_bytes;
+    /// if cfg!(target_os = "linux") && backing::state() == backing::Backing::Active {
+    ///     assert!(during >= before + (48 << 10));
+    /// }
+    /// drop(v);
+    /// ```
+    pub medium_live_bytes: u64,
+    /// Bytes of freed medium blocks held resident for reuse ("dirty"):
+    /// given back to the kernel once unused for the block cache's decay
+    /// time ([`block_cache::set_decay_ms`](crate::block_cache::set_decay_ms)),
+    /// or at once by [`free_buffers`]. Counted with `cached_bytes` and
+    /// `slack_bytes` under the block cache's budget.
+    ///
+    /// ```
+    /// let s = mkl_alloc::manager::stats();
+    /// if let Some(budget) = mkl_alloc::block_cache::budget() {
+    ///     assert!(s.cached_bytes + s.slack_bytes + s.medium_dirty_bytes <= budget as u64);
+    /// }
+    /// mkl_alloc::manager::free_buffers();
+    /// assert_eq!(mkl_alloc::manager::stats().medium_dirty_bytes, 0);
+    /// ```
+    pub medium_dirty_bytes: u64,
+    /// Bytes of freed medium blocks whose pages went back to the kernel
+    /// ("clean"): address space kept for reuse, not memory. They read as
+    /// zero when reused.
+    ///
+    /// ```
+    /// let s = mkl_alloc::manager::stats();
+    /// println!("{} bytes of medium blocks given back", s.medium_clean_bytes);
+    /// ```
+    pub medium_clean_bytes: u64,
     /// Whether MKL allocates from the crate's memory: if MKL ran before the
     /// crate's setup ([`Backing::MklRanFirst`](crate::backing::Backing)),
     /// the block cache and huge pages do not apply.
@@ -96,12 +148,16 @@ pub fn stats() -> MemStats {
     // SAFETY: MKL_Mem_Stat writes one int through a valid pointer.
     let bytes = fork_guard::rare(|| unsafe { ffi::MKL_Mem_Stat(&mut buffers) });
     let (cached_bytes, cached_buffers) = crate::block_cache::held();
+    let (medium_live, medium_dirty, medium_clean) = crate::backing::medium::figures();
     MemStats {
         bytes: bytes.max(0) as u64,
         buffers: buffers.max(0) as u64,
         cached_bytes: cached_bytes as u64,
         cached_buffers: cached_buffers as u64,
         slack_bytes: crate::backing::slack_bytes() as u64,
+        medium_live_bytes: medium_live as u64,
+        medium_dirty_bytes: medium_dirty as u64,
+        medium_clean_bytes: medium_clean as u64,
         backing: crate::backing::state(),
     }
 }
@@ -186,8 +242,11 @@ fn peak(mode: c_int) -> Option<u64> {
 }
 
 /// Gives back every block kept for reuse: this crate's
-/// [block cache](crate::block_cache) and the small-block bins of
-/// [`c_heap`](crate::c_heap) are emptied, then MKL releases the blocks its
+/// [block cache](crate::block_cache), the dirty medium blocks beneath MKL
+/// (see [`MemStats::medium_dirty_bytes`]), the small-block bins of
+/// [`c_heap`](crate::c_heap) are emptied, the growth slack of live chunks
+/// (their tails past what MKL last asked for) is unmapped, then MKL
+/// releases the blocks its
 /// own manager caches, in all threads (`MKL_Free_Buffers`). Live blocks are
 /// not affected. (With MKL 2026.2 blocks served through `MKL_malloc` were
 /// observed going back to libc at once, so MKL itself may have nothing
@@ -199,9 +258,12 @@ fn peak(mode: c_int) -> Option<u64> {
 pub fn free_buffers() {
     crate::c_heap::release_cached();
     crate::block_cache::empty();
+    crate::backing::trim_slack(0);
     // Rare-call lock: MKL takes every thread's account lock.
     // SAFETY: no arguments; MKL frees only cached (not live) blocks.
-    fork_guard::rare(|| unsafe { ffi::MKL_Free_Buffers() })
+    fork_guard::rare(|| unsafe { ffi::MKL_Free_Buffers() });
+    // What MKL just freed of its own (medium blocks, kept dirty).
+    crate::backing::medium::empty();
 }
 
 /// Releases the calling thread's cached blocks (`MKL_Thread_Free_Buffers`).

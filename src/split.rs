@@ -53,7 +53,8 @@ pub const SPLIT_MAX_SMALL_ALIGN: usize = 16;
 /// small next to filling the block once, and numeric buffers stay MKL's. On
 /// the allocation-heavy workload of `examples/perf/` the split allocator
 /// with this threshold runs within a few per cent of `System` in time and
-/// peak RSS, where pure MKL is about 1.5x slower and 2.5x larger.
+/// peak RSS, where pure MKL is about 1.6x slower and 2.5x larger
+/// (docs/performance.md: 1.58x glibc's CPU time).
 ///
 /// ```
 /// use core::alloc::Layout;
@@ -87,8 +88,13 @@ pub const DEFAULT_SPLIT_THRESHOLD: usize = 4096;
 /// never called inside the crate's fork gates, so its own fork handling
 /// (jemalloc's `pthread_atfork` handlers) is its own business.
 ///
-/// The name `MklSplitAllocator` is also a constant: the split over `System`
-/// at the default threshold, a zero-sized value.
+/// The name `MklSplitAllocator` is also a value, as a unit struct's name
+/// is: the split over `System` at the default threshold, zero-sized, so
+/// `static GLOBAL: MklSplitAllocator = MklSplitAllocator;` and
+/// `MklSplitAllocator.with_threshold()` read as for a unit struct. (A
+/// struct with a field and type parameters cannot be a unit struct; a
+/// constant of the same name, in the value namespace, stands in for one,
+/// and is hidden from these docs.)
 ///
 /// As the whole program's allocator:
 ///
@@ -167,7 +173,8 @@ pub struct MklSplitAllocator<S = System, const THRESHOLD: usize = DEFAULT_SPLIT_
 /// The split allocator over [`System`] at [`DEFAULT_SPLIT_THRESHOLD`]: the
 /// value of the type `MklSplitAllocator` with its defaults, so that
 /// `static GLOBAL: MklSplitAllocator = MklSplitAllocator;` reads as it does
-/// for a unit struct.
+/// for a unit struct. It exists only for that, so rustdoc shows one item
+/// named `MklSplitAllocator`, the struct, whose docs say so: hidden here.
 ///
 /// ```
 /// use mkl_alloc::MklSplitAllocator;
@@ -177,6 +184,7 @@ pub struct MklSplitAllocator<S = System, const THRESHOLD: usize = DEFAULT_SPLIT_
 /// assert_eq!(size_of_val(&a), 0);
 /// ```
 #[allow(non_upper_case_globals)]
+#[doc(hidden)]
 pub const MklSplitAllocator: MklSplitAllocator = MklSplitAllocator::over(System);
 
 /// Names the small side by its type and the threshold (a small side need
@@ -382,7 +390,8 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
             // too (a thread-local countdown; see `block_cache::TICKS`); the
             // decay returns before the small side is called, holding
             // nothing. Out of line, so that the path below stays a tail
-            // call.
+            // call. With the background decay thread running the countdown
+            // is skipped: one relaxed load, then the small side's free.
             // SAFETY: as below.
             unsafe { dealloc_small_after_decay(&self.small, ptr, layout) }
         } else {
@@ -455,6 +464,10 @@ mod mkl_side {
 #[cold]
 #[inline(never)]
 unsafe fn dealloc_small_after_decay<S: GlobalAlloc>(small: &S, ptr: *mut u8, layout: Layout) {
+    // A child whose parent ran the background thread starts its own here
+    // (outside every lock; spawning allocates, re-entering this allocator,
+    // which is fine: nothing is held).
+    crate::background::resume();
     crate::block_cache::idle_decay();
     // SAFETY: the caller's contract.
     unsafe { small.dealloc(ptr, layout) }

@@ -226,9 +226,25 @@ fn free_buffers_keeps_live_blocks_intact() {
     manager::free_buffers();
     manager::thread_free_buffers();
 
+    // Beneath MKL, freed medium blocks (4 KiB-1 MiB) were given back (the
+    // dirty ones are clean now), and so were the blocks of MKL's own
+    // buffers that MKL released (live medium blocks can only go down);
+    // MKL's counts and everything else are unchanged.
+    let after = manager::stats();
     assert_eq!(
-        manager::stats(),
-        held,
+        after.medium_dirty_bytes, 0,
+        "dirty medium blocks given back"
+    );
+    assert!(after.medium_live_bytes <= held.medium_live_bytes);
+    let medium_apart = |s: manager::MemStats| manager::MemStats {
+        medium_live_bytes: 0,
+        medium_dirty_bytes: 0,
+        medium_clean_bytes: 0,
+        ..s
+    };
+    assert_eq!(
+        medium_apart(after),
+        medium_apart(held),
         "live blocks still counted, nothing else changed"
     );
     for (i, v) in live.iter().enumerate() {
@@ -258,3 +274,140 @@ fn set_mcdram_limit_is_accepted() {
 
 // disable_fast_mm changes the whole process: its tests run in child
 // processes, in tests/fast_mm.rs.
+
+#[test]
+fn settings_display_names_each_setting_its_value_and_source() {
+    let _g = serial();
+    manager::set_block_cache(None);
+    manager::set_decay_ms(2_500);
+    manager::set_huge_pages(Some(64 << 20));
+    let s = manager::settings();
+    assert_eq!(s.block_cache_budget, None);
+    assert_eq!(s.decay_ms, 2_500);
+    assert_eq!(s.huge_pages_threshold, Some(64 << 20));
+    let text = s.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    assert_eq!(lines[0], "block cache budget: off [set by the program]");
+    assert_eq!(lines[1], "block cache decay: 2500 ms [set by the program]");
+    assert_eq!(
+        lines[2],
+        "huge pages from: 67108864 bytes [set by the program]"
+    );
+    assert_eq!(
+        lines[3],
+        format!("huge pages kernel: {:?}", mkl_alloc::huge_pages::status())
+    );
+    assert_eq!(
+        lines[4],
+        format!("backing: {:?}", mkl_alloc::backing::state())
+    );
+    let fast_mm = if manager::fast_mm_disabled() {
+        "off"
+    } else {
+        "on"
+    };
+    assert_eq!(lines[5], format!("MKL fast memory manager: {fast_mm}"));
+    assert_eq!(lines[6], "background decay thread: off [default]");
+    let medium = if cfg!(target_os = "linux")
+        && mkl_alloc::backing::state() == mkl_alloc::backing::Backing::Active
+    {
+        "on"
+    } else {
+        "off"
+    };
+    assert_eq!(
+        lines[7],
+        format!("medium blocks (4 KiB-1 MiB): {medium} [default]")
+    );
+
+    manager::set_block_cache(Some(256 << 20));
+    let s = manager::settings();
+    assert_eq!(s.block_cache_source, manager::Source::Program);
+    assert!(
+        s.to_string()
+            .starts_with("block cache budget: 268435456 bytes [set by the program]\n")
+    );
+    manager::set_block_cache(None);
+    manager::set_decay_ms(mkl_alloc::block_cache::DECAY_MS);
+    manager::set_huge_pages(Some(mkl_alloc::huge_pages::DEFAULT_THRESHOLD));
+}
+
+#[test]
+fn settings_sources_from_the_environment_in_a_child() {
+    // A child with both variables set: each setting's source is the
+    // environment, named in the text, until the program sets it.
+    if std::env::var_os("SETTINGS_CHILD").is_some() {
+        let text = manager::settings().to_string();
+        assert!(
+            text.contains(
+                "block cache budget: 67108864 bytes [environment: MKL_ALLOC_BLOCK_CACHE]"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("huge pages from: off [environment: MKL_ALLOC_HUGE_PAGES]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("block cache decay: 1000 ms [default]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("medium blocks (4 KiB-1 MiB): off [environment: MKL_ALLOC_MEDIUM]"),
+            "{text}"
+        );
+        mkl_alloc::huge_pages::disable(); // the same value, now the program's
+        // Called directly, not through `manager::set_block_cache`: seen as
+        // the program's because the budget is no longer the environment's.
+        mkl_alloc::block_cache::enable(32 << 20);
+        let text = manager::settings().to_string();
+        assert!(
+            text.contains("huge pages from: off [set by the program]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("block cache budget: 33554432 bytes [set by the program]"),
+            "{text}"
+        );
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "settings_sources_from_the_environment_in_a_child",
+            "--nocapture",
+        ])
+        .env("SETTINGS_CHILD", "1")
+        .env("MKL_ALLOC_BLOCK_CACHE", (64u64 << 20).to_string())
+        .env("MKL_ALLOC_HUGE_PAGES", "off")
+        .env("MKL_ALLOC_MEDIUM", "off")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+}
+
+#[test]
+fn parse_size_says_why_it_refuses() {
+    assert_eq!(manager::parse_size("on", 7), Ok(Some(7)));
+    assert_eq!(manager::parse_size("Off", 7), Ok(None));
+    assert_eq!(manager::parse_size("4096", 7), Ok(Some(4096)));
+    for (value, why) in [
+        ("-1", manager::SizeValueError::Negative),
+        ("99999999999999999999999", manager::SizeValueError::TooLarge),
+        ("2M", manager::SizeValueError::NotASize),
+        ("-", manager::SizeValueError::NotASize),
+    ] {
+        assert_eq!(manager::parse_size(value, 7), Err(why), "{value}");
+    }
+    assert_eq!(
+        manager::SizeValueError::Negative.to_string(),
+        "a byte count cannot be negative"
+    );
+}

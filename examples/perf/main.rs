@@ -21,7 +21,9 @@
 //! `scripts/charts.py` draws docs/charts/*.svg from that JSON.
 //!
 //! `perf -- <word>…` runs only the groups whose names contain one of the
-//! words (`--json PATH` may come anywhere). The groups, with their rows'
+//! words (`--json PATH` may come anywhere); a word no group's name
+//! contains, or an unknown option, is an error, and `perf -- --help`
+//! prints the usage and the groups, running and writing nothing. The groups, with their rows'
 //! numbers and times measured on the shared 2-core machine at a load
 //! average of 13 (2026-12-01; jemalloc's rows and group 30 at 6-10):
 //!
@@ -44,6 +46,8 @@
 //! | fork guard | 10 | issue 27: alloc+free 16 B and 1 MiB, MklAllocator (with its fork marker) against raw MKL and the candidate markers (SeqCst fence, atomic counter) | 3 s |
 //! | fork cost | 10b | issue 27: fork() in the parent, idle and while threads allocate and read stats() | 1-60 s |
 //! | config backing off | 30 | MKL's memory pointers set (MKL defaults, everything off) against unset (`MKL_ALLOC_BACKING=off`), fresh processes: raw MKL_malloc/MKL_free 16 B and 1 MiB; `LAPACKE_dgesvd` 1000 x 1000 and a DFTI FFT of 2^22 complex doubles, repeated and first call | 2 min |
+//! | medium churn | 42 | issue 42: a window of 2,000 live blocks, log-uniform 4 KiB-1 MiB, each step frees one at random and allocates one (a byte written per 4 KiB): System, jemalloc, mimalloc, MklAllocator, MklSplitAllocator in this process, process CPU time per step, 21 rounds | 45-80 s |
+//! | medium retention | 42 | issue 42: 1 GiB of 48 KiB, 160 KiB or log-uniform 4 KiB-1 MiB blocks with a 32 B block kept after every second, all freed, 2 s idle, one 32 B alloc: resident beyond the start, a fresh child per allocator: System, jemalloc, mimalloc, MklSplitAllocator, MklAllocator, and the two MKL ones with `mkl_alloc::background::start()` and no alloc after (`PERF_RETENTION_MIB=256` for a quick look) | 2-2.5 min |
 //!
 //! Configurations (issue 21). The `config` groups and the workload group
 //! run every measurement in a fresh child process: perf re-runs itself as
@@ -66,7 +70,9 @@
 //! first with the same cargo; otherwise it prints the command and leaves
 //! those rows out.
 //!
-//! `PERF_VERBOSE=1` also prints every target's per-round ratios on stderr.
+//! `PERF_VERBOSE=1` also prints every target's per-round ratios on stderr;
+//! `PERF_RETENTION_MIB=N` sets the MiB of blocks each "medium retention"
+//! child allocates (default 1024).
 //!
 //! Clocks: single-threaded rows are timed in the measuring thread's CPU
 //! time (user + system, `CLOCK_THREAD_CPUTIME_ID`), so time the (shared)
@@ -93,6 +99,7 @@ mod configs;
 mod fork_guard;
 mod harness;
 mod huge;
+mod medium;
 mod report;
 mod stall;
 mod workload;
@@ -107,7 +114,7 @@ use report::{Machine, Table};
 type Group = fn(&mut Table);
 
 /// Every group, in the order they run.
-const GROUPS: [(&str, Group); 17] = [
+const GROUPS: [(&str, Group); 19] = [
     ("alloc+free", classic::alloc_free_group),
     ("small objects", classic::small_objects_group),
     ("Vec growth", classic::growth_group),
@@ -125,6 +132,8 @@ const GROUPS: [(&str, Group); 17] = [
     ("fork guard", fork_guard::fork_guard_group),
     ("fork cost", fork_guard::fork_cost_group),
     ("config backing off", configs::backing_group),
+    ("medium churn", medium::churn_group),
+    ("medium retention", medium::retention_group),
 ];
 
 /// `target/perf/results.json` in the `target/` this binary was built in
@@ -136,21 +145,83 @@ fn default_json() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/perf/results.json"))
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--child") {
-        configs::child_main(&args[1..]);
-        return;
+/// The usage `--help` prints: the flags, and the groups a word selects.
+fn usage() -> String {
+    let mut u = String::from(
+        "usage: cargo run --release --example perf -- [--json PATH] [WORD ...]\n\n\
+         Runs the performance groups whose names contain one of the WORDs (every\n\
+         group when none is given), prints a markdown table of rows and targets,\n\
+         and writes the same as JSON.\n\n\
+         options:\n  \
+           --json PATH   write the JSON to PATH (default: target/perf/results.json)\n  \
+           -h, --help    print this and exit, running and writing nothing\n\n\
+         environment:\n  \
+           PERF_VERBOSE=1  also print every target's per-round ratios on stderr\n  \
+           PERF_RETENTION_MIB=N  MiB of blocks per \"medium retention\" child\n                         \
+           (default 1024; 256 for a quick look)\n\n\
+         groups (a WORD selects every group whose name contains it; \"config\"\n\
+         selects the four config groups):\n",
+    );
+    for (name, _) in GROUPS {
+        u.push_str("  ");
+        u.push_str(name);
+        u.push('\n');
     }
+    u
+}
+
+/// The JSON path and the group words from the command line, `None` for
+/// `--help`; an error for a flag perf does not know, `--json` without a
+/// path, or a word that selects no group (nothing would run, and the JSON
+/// would be overwritten with an empty table).
+fn parse_args(args: &[String]) -> Result<Option<(PathBuf, Vec<String>)>, String> {
     let mut json_path = default_json();
     let mut words: Vec<String> = vec![];
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--json" => json_path = PathBuf::from(it.next().expect("--json PATH")),
-            _ => words.push(a.clone()),
+            "-h" | "--help" => return Ok(None),
+            "--json" => match it.next() {
+                Some(p) => json_path = PathBuf::from(p),
+                None => return Err("--json needs a PATH".into()),
+            },
+            flag if flag.starts_with('-') => {
+                return Err(format!("unknown option {flag:?}"));
+            }
+            word => {
+                if !GROUPS.iter().any(|(name, _)| name.contains(word)) {
+                    return Err(format!(
+                        "{word:?} selects no group: a WORD must be part of a group's name"
+                    ));
+                }
+                words.push(a.clone());
+            }
         }
     }
+    Ok(Some((json_path, words)))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        if args.get(1).map(String::as_str) == Some("retention") {
+            medium::retention_child(&args[2..]);
+            return;
+        }
+        configs::child_main(&args[1..]);
+        return;
+    }
+    let (json_path, words) = match parse_args(&args) {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => {
+            print!("{}", usage());
+            return;
+        }
+        Err(e) => {
+            eprintln!("perf: {e} (`perf -- --help` lists the options and the groups)");
+            std::process::exit(2);
+        }
+    };
     let start = Instant::now();
     let mut machine = Machine::probe();
     let mut t = Table::default();

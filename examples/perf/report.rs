@@ -74,6 +74,25 @@ impl Table {
         }
     }
 
+    /// Rows for `series` without a baseline (quantities such as resident
+    /// memory, where a ratio to a value that may be 0 says nothing): the
+    /// table shows "-" for their ratio, the JSON `null`.
+    pub fn values(&mut self, title: &str, unit: &str, series: &[Series]) {
+        for s in series {
+            self.rows.push(Row {
+                group: self.group.clone(),
+                workload: title.to_string(),
+                competitor: s.name.clone(),
+                median: med(s),
+                unit: unit.to_string(),
+                ratio: f64::NAN,
+                baseline: String::new(),
+                values: s.values.clone(),
+                ratios: vec![],
+            });
+        }
+    }
+
     /// A row whose value is not a median of rounds (e.g. the slowest run).
     pub fn row(&mut self, title: &str, name: &str, value: f64, unit: &str, ratio: f64, base: &str) {
         self.rows.push(Row {
@@ -137,7 +156,9 @@ impl Table {
         );
         s += "| Workload | Competitor | Median | Ratio to baseline |\n|---|---|---:|---:|\n";
         for r in &self.rows {
-            let ratio = if r.competitor == r.baseline {
+            let ratio = if r.baseline.is_empty() {
+                "-".to_string()
+            } else if r.competitor == r.baseline {
                 "1.00 (baseline)".to_string()
             } else {
                 format!("{:.2}", r.ratio)

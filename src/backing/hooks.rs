@@ -1,7 +1,8 @@
 //! The four hooks MKL calls (`i_malloc` & co.), and the chunk logic
 //! behind them: chunks are anonymous mappings on Linux, `VirtualAlloc`ed
 //! regions on Windows (`map`), where MKL's pointers are the exports of
-//! `libimalloc.dll` (`set_mkl_pointers`). The
+//! `libimalloc.dll` (`set_mkl_pointers`). Requests from 4 KiB up to a
+//! chunk's size are medium blocks (`medium`), where there is a region. The
 //! rules of the parent module apply: nothing here allocates through the
 //! global allocator or calls MKL.
 
@@ -10,7 +11,9 @@ use core::ffi::c_void;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::{LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, huge_pages, map, slack, zeroing};
+use super::{
+    LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, huge_pages, map, medium, slack, zeroing,
+};
 use crate::ffi;
 
 /// The previous functions, as the setup found them (the C runtime's by
@@ -30,6 +33,13 @@ static PREV_IS_LIBC: AtomicBool = AtomicBool::new(false);
 #[cfg(windows)]
 static PREV_IS_HEAP: AtomicBool = AtomicBool::new(false);
 
+/// Whether the functions beneath MKL (the hooks' previous ones, or MKL's
+/// own where the hooks are not in) are the C library's (Linux).
+#[cfg(not(windows))]
+pub(super) fn prev_is_libc() -> bool {
+    PREV_IS_LIBC.load(Relaxed)
+}
+
 /// Points MKL's memory functions at the hooks, once. Runs in the crate's
 /// setup, before any MKL call the setup makes.
 pub(super) fn install() {
@@ -39,12 +49,32 @@ pub(super) fn install() {
     if CLAIMED.swap(true, Relaxed) {
         return;
     }
+    // What MKL's pointers hold before the hooks (the C library's functions
+    // unless other code set its own), for the zeroing of MKL's blocks that
+    // are not chunks: read whether or not the hooks go in.
+    #[cfg(not(windows))]
+    // SAFETY: MKL's pointers are plain data, written by no other thread
+    // (CLAIMED); only their values are compared.
+    unsafe {
+        PREV_IS_LIBC.store(
+            ffi::i_realloc
+                .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
+                && ffi::i_free
+                    .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
+            Relaxed,
+        );
+    }
     {
         const WARNING: &[u8] =
             b"mkl-alloc: MKL_ALLOC_BACKING must be off or on; MKL keeps the default (on)\n";
         if !crate::env::read_switch(c"MKL_ALLOC_BACKING", WARNING) {
             STATE.store(3, Relaxed);
             return;
+        }
+        const MEDIUM_WARNING: &[u8] =
+            b"mkl-alloc: MKL_ALLOC_MEDIUM must be off or on; medium blocks keep the default (on)\n";
+        if !crate::env::read_switch(c"MKL_ALLOC_MEDIUM", MEDIUM_WARNING) {
+            medium::turn_off();
         }
         // SAFETY: MKL's pointers are plain data that MKL reads at its first
         // call, and only this thread writes them (CLAIMED).
@@ -113,13 +143,6 @@ unsafe fn set_mkl_pointers() -> Set {
         PREV_CALLOC.store(ffi::i_calloc.unwrap_or(libc::calloc) as *mut (), Relaxed);
         PREV_REALLOC.store(ffi::i_realloc.unwrap_or(libc::realloc) as *mut (), Relaxed);
         PREV_FREE.store(ffi::i_free.unwrap_or(libc::free) as *mut (), Relaxed);
-        PREV_IS_LIBC.store(
-            ffi::i_realloc
-                .is_none_or(|f| f as usize == libc::realloc as crate::ffi::IRealloc as usize)
-                && ffi::i_free
-                    .is_none_or(|f| f as usize == libc::free as crate::ffi::IFree as usize),
-            Relaxed,
-        );
         ffi::i_malloc = Some(hook_malloc);
         ffi::i_calloc = Some(hook_calloc);
         ffi::i_realloc = Some(hook_realloc);
@@ -236,6 +259,9 @@ pub(crate) const MIN_UNCACHED_CHUNK: usize = 32 << 20;
 
 /// `i_malloc`.
 unsafe extern "C" fn hook_malloc(n: usize) -> *mut c_void {
+    if let Some((p, _)) = medium::alloc(n) {
+        return p.cast();
+    }
     if chunk_for(n) {
         let p = new_chunk(n, false);
         if !p.is_null() {
@@ -252,6 +278,13 @@ unsafe extern "C" fn hook_calloc(num: usize, size: usize) -> *mut c_void {
     let Some(n) = num.checked_mul(size) else {
         return ptr::null_mut();
     };
+    if let Some((p, zero)) = medium::alloc(n) {
+        if !zero {
+            // SAFETY: a dirty medium block of at least n bytes, ours.
+            unsafe { p.write_bytes(0, n) };
+        }
+        return p.cast();
+    }
     if chunk_for(n) {
         let p = new_chunk(n, false);
         if !p.is_null() {
@@ -268,12 +301,19 @@ unsafe extern "C" fn hook_calloc(num: usize, size: usize) -> *mut c_void {
 
 /// `i_free`.
 unsafe extern "C" fn hook_free(p: *mut c_void) {
+    if medium::contains(p.cast()) {
+        // SAFETY: a medium block (the region holds nothing else that MKL
+        // could free), freed once.
+        unsafe { medium::free(p.cast()) };
+        block_cache::tick();
+        return;
+    }
     let addr = p as usize;
     if chunks::may_be_chunk(addr) {
         if let Some(c) = chunks::remove_record(addr) {
             slack::change(slack::of(c), 0);
             // SAFETY: MKL frees the chunk: nothing uses it any more.
-            unsafe { release(p.cast(), c.size) };
+            unsafe { release(p.cast(), c) };
             return;
         }
     }
@@ -288,10 +328,15 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
         // SAFETY: realloc(NULL, n) is malloc(n).
         return unsafe { hook_malloc(n) };
     }
+    if medium::contains(p.cast()) {
+        // SAFETY: a live medium block that MKL resizes.
+        return unsafe { realloc_medium(p.cast(), n) };
+    }
     let addr = p as usize;
     if chunks::may_be_chunk(addr) {
-        if let Some(old) = chunks::get(addr) {
-            // SAFETY: a live chunk, as recorded, that MKL resizes.
+        if let Some(old) = chunks::lock(addr) {
+            // SAFETY: a live chunk, as recorded, that MKL resizes; held
+            // (resize_chunk releases or removes it on every path).
             let (q, chunk) = unsafe { resize_chunk(p.cast(), old, n) };
             if chunk {
                 LAST.with(|c| c.set((q as usize, false)));
@@ -330,6 +375,67 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
     retry(|| unsafe { prev_realloc(p, n) })
 }
 
+/// The live medium block `p` resized for a request of `n` bytes: the same
+/// block where `n` takes its class; otherwise a new block (medium, a chunk,
+/// or the previous functions'), `min(block size, n)` bytes copied and `p`
+/// freed. Null on failure, `p` then untouched.
+///
+/// # Safety
+/// `p` is a live medium block.
+#[cold]
+unsafe fn realloc_medium(p: *mut u8, n: usize) -> *mut c_void {
+    // SAFETY: the caller's contract.
+    let have = unsafe { medium::block_size(p) };
+    if medium::class_size(n) == Some(have) {
+        return p.cast();
+    }
+    let mut q = ptr::null_mut();
+    if chunk_for(n) {
+        q = new_chunk(n, true);
+    } else if let Some((m, _)) = medium::alloc(n) {
+        q = m;
+    }
+    if q.is_null() {
+        // SAFETY: malloc's contract.
+        q = retry(|| unsafe { prev_malloc(n) }).cast();
+        if q.is_null() {
+            return q.cast();
+        }
+    }
+    // SAFETY: distinct live blocks: `p` holds `have` bytes, `q` at least
+    // `n`; `p` is freed once, after the copy.
+    unsafe {
+        ptr::copy_nonoverlapping(p, q, have.min(n));
+        medium::free(p);
+    }
+    q.cast()
+}
+
+/// Gives back the slack of live chunks (their tails past what MKL last
+/// asked for), chunk by chunk, while the cache and the slack together hold
+/// more than `limit` bytes: the budget lowered below what they hold, or
+/// every buffer freed (`limit` 0). A chunk its owner holds (in a resize or
+/// a free) is skipped: a trim never waits (see `chunks`). Run under the
+/// rare-call lock, so that no fork copies a chunk held by it.
+pub(crate) fn trim_slack(limit: usize) {
+    // Under Miri no tail can be given back (`map::trim_tail` is false
+    // there), and the scan of the table's 65,536 slots, interpreted, cost
+    // minutes of the Miri runs' time.
+    if cfg!(miri) || slack::bytes() == 0 {
+        return;
+    }
+    chunks::for_each_unheld(|addr, c| {
+        let over = block_cache::cached_bytes() + slack::bytes() > limit;
+        // SAFETY: the chunk is live and held here: no growth within it,
+        // and no free, runs until it is released with the record returned.
+        if over && c.size > c.asked && unsafe { map::trim_tail(addr as *mut u8, c.size, c.asked) } {
+            slack::change(slack::of(c), 0);
+            return chunks::Chunk { size: c.asked, ..c };
+        }
+        c
+    });
+}
+
 /// The usable size of `p`, a live block of the previous functions, where
 /// they can tell it: glibc's `malloc_usable_size` when they are the C
 /// library's own, `HeapSize` on Windows when they are the process heap's.
@@ -366,9 +472,9 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
     let Some(size) = map::round(n) else {
         return ptr::null_mut();
     };
-    let (mut p, mut got, mut fresh) = (ptr::null_mut(), size, false);
+    let (mut p, mut got, mut fresh, mut split) = (ptr::null_mut(), size, false, false);
     if block_cache::covers(size) {
-        (p, got) = if growing {
+        (p, got, split) = if growing {
             block_cache::take_for_growth(size)
         } else {
             block_cache::take(size)
@@ -397,12 +503,18 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
         // cached while the policy was off: advising again is one call).
         unsafe { huge_pages::advise_chunk(p, got) };
     }
-    if !chunks::insert(p as usize, got, size) {
+    // SAFETY: the chunk is ours alone, not yet registered.
+    got = unsafe { keep_slack(p, got, size, !fresh) };
+    let record = chunks::Chunk {
+        split,
+        ..chunks::Chunk::new(got, size)
+    };
+    if !chunks::insert(p as usize, record) {
+        slack::change(got - size, 0);
         // SAFETY: unregistered, so no one else knows of it.
         unsafe { map::unmap(p, got) };
         return ptr::null_mut();
     }
-    slack::change(0, got - size);
     LAST.with(|c| c.set((p as usize, fresh)));
     if !SERVED.load(Relaxed) {
         SERVED.store(true, Relaxed);
@@ -410,11 +522,35 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
     p
 }
 
+/// The size to keep of a chunk of `got` bytes about to serve `size`:
+/// its slack (`got - size`) counted under the cache's budget. Slack from the
+/// cache (`from_cache`: a larger cached chunk, or one within the fit's
+/// eighth) is reserved by the budget's compare-and-swap and, where it does
+/// not fit, trimmed off (`got` becomes `size`): so the cache and the slack
+/// together never exceed the budget, whatever other threads free at the
+/// same time (issue 41). Slack of a fresh mapping (the system's rounding
+/// to large pages) and a tail the kernel would not trim are counted
+/// anyway.
+///
+/// # Safety
+/// `[p, p + got)` is a chunk of the crate's that nothing else uses yet.
+unsafe fn keep_slack(p: *mut u8, got: usize, size: usize, from_cache: bool) -> usize {
+    let extra = got - size;
+    if extra == 0 || (from_cache && slack::try_add(extra)) {
+        return got;
+    }
+    // SAFETY: the caller's contract; a shrink unmaps only the chunk's tail.
+    if from_cache && unsafe { map::resize_in_place(p, got, size) } {
+        return size;
+    }
+    slack::change(0, extra);
+    got
+}
+
 /// A fresh mapping for a chunk of `size` bytes and its true size: on
 /// large pages where the huge-page policy applies and the system gives
 /// them (Windows: `map::map_large`, rounded up to whole large pages), else
-/// an ordinary one, tried once more after emptying the cache; null if
-/// none can be had.
+/// an ordinary one ([`map_evicting`]); null if none can be had.
 fn fresh_chunk(size: usize) -> (*mut u8, usize) {
     if huge_pages::applies(size) {
         let (p, got) = map::map_large(size);
@@ -422,24 +558,32 @@ fn fresh_chunk(size: usize) -> (*mut u8, usize) {
             return (p, got);
         }
     }
-    let mut p = map::map(size);
-    if p.is_null() && block_cache::cached_bytes() != 0 {
-        block_cache::empty();
-        p = map::map(size);
-    }
-    (p, size)
+    (map_evicting(size), size)
 }
 
-/// A chunk MKL freed (already out of the registry): into the cache, or
-/// back to the kernel.
+/// A fresh mapping of `size` bytes; where it is refused (the crate's
+/// share of the kernel's mapping limit is taken, or memory is short)
+/// while the cache holds chunks, cached chunks are unmapped one at a time,
+/// the largest first, until it is not: one slot at the limit costs one
+/// cached chunk, not the whole cache (issue 41). Null if none can be had.
+fn map_evicting(size: usize) -> *mut u8 {
+    let mut p = map::map(size);
+    while p.is_null() && block_cache::evict_one() {
+        p = map::map(size);
+    }
+    p
+}
+
+/// A chunk MKL freed (already out of the registry, `c` its record): into
+/// the cache, or back to the kernel.
 ///
 /// # Safety
-/// `[p, p + size)` is a chunk nothing uses any more.
-unsafe fn release(p: *mut u8, size: usize) {
+/// `[p, p + c.size)` is a chunk nothing uses any more.
+unsafe fn release(p: *mut u8, c: chunks::Chunk) {
     // SAFETY: the caller's contract: ours to keep or unmap.
-    if !(block_cache::covers(size) && unsafe { block_cache::give(p, size) }) {
+    if !(block_cache::covers(c.size) && unsafe { block_cache::give(p, c.size, c.split) }) {
         // SAFETY: as above.
-        unsafe { map::unmap(p, size) };
+        unsafe { map::unmap(p, c.size) };
     }
 }
 
@@ -467,16 +611,25 @@ unsafe fn resize_chunk(p: *mut u8, c: chunks::Chunk, n: usize) -> (*mut u8, bool
         // whole (a Vec trimming its last doubling's slack) while the slack
         // fits the cache's budget, and so does a growth within a chunk
         // taken larger (see `block_cache::GROWTH_SLACK`).
-        let mild = new > old - old / 4
-            && block_cache::slack_fits((old - new).saturating_sub(slack::of(c)));
+        // The slack's rise is reserved under the budget first (see
+        // `keep_slack`).
+        let rise = (old - new).saturating_sub(slack::of(c));
+        let mild = new > old - old / 4 && slack::try_add(rise);
+        let had = slack::of(c) + if mild { rise } else { 0 };
         // SAFETY: `[p, p + old)` is the live chunk.
         let size = if new < c.asked && !mild && unsafe { map::resize_in_place(p, old, new) } {
             new
         } else {
             old
         };
-        chunks::resize(p as usize, chunks::Chunk { size, asked: new });
-        slack::change(slack::of(c), size - new);
+        chunks::resize(
+            p as usize,
+            chunks::Chunk {
+                split: c.split,
+                ..chunks::Chunk::new(size, new)
+            },
+        );
+        slack::change(had, size - new);
         return (p, true);
     }
     // SAFETY: the caller's contract.
@@ -499,6 +652,7 @@ unsafe fn move_to_prev(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
     // SAFETY: malloc's contract.
     let q = retry(|| unsafe { prev_malloc(n) }).cast::<u8>();
     if q.is_null() {
+        chunks::resize(p as usize, c); // as it was, released
         return q;
     }
     chunks::remove(p as usize);
@@ -507,7 +661,7 @@ unsafe fn move_to_prev(p: *mut u8, c: chunks::Chunk, n: usize) -> *mut u8 {
     // `q` holds `n`; the chunk, out of the table, is released once.
     unsafe {
         ptr::copy_nonoverlapping(p, q, c.asked.min(n));
-        release(p, c.size);
+        release(p, c);
     }
     q
 }
@@ -523,13 +677,9 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
     let advise = huge_pages::applies(new);
     // SAFETY: the live chunk; a failed growth changes nothing.
     if unsafe { map::resize_in_place(p, old, new) } {
-        chunks::resize(
-            p as usize,
-            chunks::Chunk {
-                size: new,
-                asked: new,
-            },
-        );
+        // (A split chunk never grows in place: `mremap` resizes one
+        // mapping only.)
+        chunks::resize(p as usize, chunks::Chunk::new(new, new));
         slack::change(slack::of(c), 0);
         if advise {
             // SAFETY: the whole grown chunk is ours.
@@ -540,40 +690,59 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
     // Moved: onto a cached chunk, whose pages (faulted in already) past
     // `old` become the growth, or onto a fresh mapping. The target is
     // registered first, so that a full table costs nothing but a refusal.
-    let (mut target, mut size) = if block_cache::covers(new) {
+    let (mut target, mut size, target_split) = if block_cache::covers(new) {
         block_cache::take_for_growth(new)
     } else {
-        (ptr::null_mut(), 0)
+        (ptr::null_mut(), 0, false)
     };
     let cached = !target.is_null();
-    if !cached {
+    if cached {
+        // SAFETY: the cached chunk is ours alone, not yet registered.
+        size = unsafe { keep_slack(target, size, new, true) };
+    } else {
         (target, size) = if advise {
             map::map_large(new)
         } else {
             (ptr::null_mut(), 0)
         };
         if target.is_null() {
-            (target, size) = (map::map(new), new);
+            (target, size) = (map_evicting(new), new);
         }
         if target.is_null() {
             return target;
         }
     }
-    if !chunks::insert(target as usize, size, new) {
+    if !cached {
+        slack::change(0, size - new);
+    }
+    let record = chunks::Chunk {
+        split: target_split,
+        ..chunks::Chunk::new(size, new)
+    };
+    // Held until its record is final (below): a trim must not take its
+    // slack while the old bytes move in.
+    if !chunks::insert_as(target as usize, record, true) {
+        slack::change(size - new, 0);
         // SAFETY: unregistered and unused.
-        unsafe { release(target, size) };
+        unsafe { release(target, record) };
         return ptr::null_mut();
     }
     chunks::remove(p as usize);
-    slack::change(slack::of(c), size - new);
+    slack::change(slack::of(c), 0);
     // A cached target keeps its own pages past `old`; a fresh one grows
-    // the moved mapping to `new` (zero-filled past `old`). `mremap` moves
-    // one mapping only: a chunk made of two (one grown onto a cached
-    // chunk before) is copied instead, onto the target's resident pages.
+    // the moved mapping to `new` (zero-filled past `old`). Moved onto a
+    // cached chunk, the old pages replace its start, and the chunk is then
+    // two mappings (`split`; the kernel merges no two of them). To keep
+    // every chunk within two whatever the growths onto it (issue 41: moves
+    // with shrinking old sizes added a mapping each, 8 for one chunk),
+    // the old bytes are copied, not moved, onto a cached chunk that is
+    // split already. They are copied too where `mremap` refuses: it moves
+    // one mapping only, and a split chunk is two.
     let len = if cached { old } else { new };
     // SAFETY: `target` is ours and unused; p is the live chunk, moved
     // whole on success and untouched on failure.
-    if unsafe { map::move_onto(p, old, len, target) }.is_null() {
+    let moved = !target_split && !unsafe { map::move_onto(p, old, len, target) }.is_null();
+    if !moved {
         // SAFETY: both are ours, distinct, and hold at least `old` bytes;
         // the old chunk is unmapped once copied.
         unsafe {
@@ -581,6 +750,13 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
             map::unmap(p, old);
         }
     }
+    chunks::resize(
+        target as usize,
+        chunks::Chunk {
+            split: target_split || (cached && moved),
+            ..record
+        },
+    );
     if advise {
         // SAFETY: the whole chunk at `target` is ours.
         unsafe { huge_pages::advise_chunk(target, size) };

@@ -14,10 +14,14 @@
 //!   registered (`chunks`), advised onto huge pages from the huge-page
 //!   threshold up ([`huge_pages`]), grown and shrunk with `mremap` (no
 //!   copy), and kept in the [`block_cache`] when MKL frees it;
-//! - everything else, and every block that is not a chunk (allocated by
-//!   the C runtime, before the hooks or below the threshold), goes to the
+//! - a request of 4 KiB up to [`MIN_CHUNK`] is a **medium block** of the
+//!   crate's (Linux): a block of a size class carved from one reserved
+//!   region, whose freed pages go back to the kernel after the decay time
+//!   (`medium`; `MKL_ALLOC_MEDIUM=off` turns it off);
+//! - everything else, and every block that is neither (allocated by
+//!   the C runtime, before the hooks or below 4 KiB), goes to the
 //!   previous functions. Ownership is decided without reading memory
-//!   outside the crate's chunks (`chunks`).
+//!   outside the crate's chunks and region (`medium`, then `chunks`).
 //!
 //! Because the cache sits beneath MKL, MKL's statistics (`MKL_Mem_Stat`,
 //! mkl-service's `mem_stat()`) count live blocks only, the cache counts
@@ -86,6 +90,7 @@ mod map;
 mod map;
 #[cfg(all(target_os = "linux", not(miri)))]
 mod map_limit;
+pub(crate) mod medium;
 pub(crate) mod slack;
 mod valgrind;
 pub(crate) mod zeroing;
@@ -94,6 +99,16 @@ use core::cell::Cell;
 use core::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 
 pub(crate) use budget::default_budget;
+
+// The loom model's way into the medium heap (`loom_tests/medium.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use medium::{
+    class::{CLASSES as MEDIUM_CLASSES, size as medium_class_size},
+    heap::{
+        Env as MediumEnv, Heap as MediumHeap, SPAN as MEDIUM_SPAN, meta_spans as medium_meta_spans,
+    },
+};
 
 /// The granule of a chunk's size (one 4 KiB page): a chunk's last partial
 /// huge page stays on small pages, so rounding further would only commit
@@ -211,6 +226,42 @@ pub(crate) fn install() {
     hooks::install();
     #[cfg(any(not(any(target_os = "linux", windows)), loom))]
     STATE.store(3, Relaxed);
+}
+
+/// Whether MKL's blocks that are not chunks are private anonymous memory
+/// (see `zeroing::foreign_granule`): on Linux where the functions beneath
+/// MKL are the C library's own; on Windows always (`discard_to_zero`
+/// checks each range); nowhere else.
+pub(crate) fn foreign_is_anonymous() -> bool {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    return hooks::prev_is_libc();
+    #[cfg(all(windows, not(loom)))]
+    return true;
+    #[cfg(any(loom, not(any(target_os = "linux", windows))))]
+    return false;
+}
+
+/// Gives back the slack of live chunks while the cache and the slack hold
+/// more than `limit` bytes (see `hooks::trim_slack`), under the rare-call
+/// lock (no fork while a chunk is held by the trim).
+pub(crate) fn trim_slack(limit: usize) {
+    #[cfg(all(any(target_os = "linux", windows), not(loom)))]
+    crate::fork_guard::rare(|| hooks::trim_slack(limit));
+    #[cfg(any(loom, not(any(target_os = "linux", windows))))]
+    let _ = limit;
+}
+
+/// The backing's decay, for the background thread ([`crate::background`]):
+/// unmaps the block cache's chunks and gives back the dirty medium blocks
+/// unused for the decay time. Takes a shard or class lock only while
+/// copying slots or links, makes its system calls after releasing it, and
+/// allocates nothing: it runs outside MKL, holding nothing.
+pub(crate) fn decay_idle() {
+    block_cache::decay_now();
+    // Medium blocks' decay (issue 42, part 1), at most once per quarter of
+    // the decay time across the process, as at the cache's decay points.
+    #[cfg(not(loom))]
+    medium::maybe_decay(crate::sys::now_ms());
 }
 
 /// Bytes of growth slack in live chunks (see `slack`); 0 where there are

@@ -103,3 +103,25 @@ pub fn child_passed(out: &std::process::Output) -> (bool, String) {
     );
     (out.status.success() && text.contains("1 passed"), text)
 }
+
+/// Runs the ignored test `name` of the calling test binary alone in a fresh
+/// process, with `unset` removed from its environment and `env` set;
+/// panics with its output unless it passed, and returns the output.
+#[allow(dead_code)] // not every test binary runs children
+pub fn run_ignored_alone(name: &str, unset: &str, env: &[(&str, &str)]) -> String {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--test-threads=1",
+        "--nocapture",
+    ]);
+    cmd.env_remove(unset);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let (ok, out) = child_passed(&cmd.output().unwrap());
+    assert!(ok, "{name} {env:?}:\n{out}");
+    out
+}

@@ -1,0 +1,414 @@
+//! Issue 42's groups: medium blocks (4 KiB to 1 MiB).
+//!
+//! "medium churn" (in this process, each allocator an instance called
+//! through `GlobalAlloc`, as groups 1-4): a window of 2,000 live blocks,
+//! sizes log-uniform from 4 KiB to 1 MiB (a fixed xorshift sequence, the
+//! same for every allocator); each step frees a random block of the window
+//! and allocates a new one in its place, writing one byte in every 4 KiB of
+//! the new block. Each batch fills the window (untimed), runs 2,000 steps
+//! to reach a steady state (untimed), times 4,000 steps and frees the
+//! window (untimed). 21 rounds. Time: the process's CPU time (user + system,
+//! `getrusage(RUSAGE_SELF)`: a thread the allocator runs for itself counts
+//! too) per step, the median of interleaved rounds.
+//!
+//! "medium retention" (a fresh child process per measurement, since an
+//! allocator's state is per process): about 1 GiB of blocks (48 KiB,
+//! 160 KiB, or log-uniform 4 KiB-1 MiB; one byte written in every 4 KiB)
+//! allocated, with a
+//! 32-byte block of the same allocator kept alive after every second one;
+//! every big block freed; 2 s idle; then one 32-byte allocation; then the
+//! resident set (`/proc/self/statm`) beyond what it was before the first
+//! block. The background-thread variants call
+//! `mkl_alloc::background::start()` (issue 42, part 2) first thing in the
+//! child and make no allocation after the pause. `PERF_RETENTION_MIB` sets
+//! the amount (default 1024; 256 for
+//! a quick look).
+
+use core::alloc::{GlobalAlloc, Layout};
+use std::hint::black_box;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use mkl_alloc::{MklAllocator, MklSplitAllocator};
+
+use crate::harness::{
+    Env, Series, apply_env, field, interleave, order, own_exe, parse_fields, process_cpu_ns,
+    rss_mib,
+};
+use crate::report::Table;
+
+/// The smallest and the largest medium block.
+const MIN: usize = 4 << 10;
+const MAX: usize = 1 << 20;
+/// Live blocks in the churn's window.
+const WINDOW: usize = 2000;
+/// Untimed steps after the window is filled, then timed steps, per batch.
+const WARM_STEPS: usize = 2000;
+const STEPS: usize = 4000;
+/// The page each new block gets one byte written in.
+const PAGE: usize = 4096;
+/// The small block kept between every two big ones (a short `String`).
+const SMALL: usize = 32;
+
+/// xorshift64: the fixed-seed sequence of sizes and victims.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Log-uniform from [`MIN`] to [`MAX`] bytes, a multiple of 8.
+    fn medium(&mut self) -> usize {
+        let x = MIN as f64 * (MAX as f64 / MIN as f64).powf(self.unit());
+        ((x as usize) & !7).clamp(MIN, MAX)
+    }
+}
+
+/// The churn's sizes and victims, the same for every allocator and round.
+struct Plan {
+    fill: Vec<usize>,
+    /// (index in the window freed, size allocated in its place)
+    steps: Vec<(usize, usize)>,
+}
+
+impl Plan {
+    fn new() -> Self {
+        let mut r = Rng(0x4242_0042_9E37_79B9);
+        let fill = (0..WINDOW).map(|_| r.medium()).collect();
+        let steps = (0..WARM_STEPS + STEPS)
+            .map(|_| ((r.next() % WINDOW as u64) as usize, r.medium()))
+            .collect();
+        Self { fill, steps }
+    }
+}
+
+/// A block of `size` bytes (align 8, as `Vec<f64>` asks), one byte
+/// written in every 4 KiB.
+fn alloc_touched<G: GlobalAlloc>(g: &G, size: usize) -> (*mut u8, Layout) {
+    let layout = Layout::from_size_align(size, 8).unwrap();
+    // SAFETY: a non-zero size.
+    let p = unsafe { g.alloc(layout) };
+    assert!(!p.is_null(), "allocation of {size} bytes failed");
+    for off in (0..size).step_by(PAGE) {
+        // SAFETY: off < size, inside the block.
+        unsafe { p.add(off).write_volatile(1) };
+    }
+    (p, layout)
+}
+
+/// One batch of the churn under `g`: nanoseconds of process CPU time per
+/// timed step.
+fn churn<G: GlobalAlloc>(g: &G, plan: &Plan) -> f64 {
+    let mut window: Vec<(*mut u8, Layout)> =
+        plan.fill.iter().map(|&s| alloc_touched(g, s)).collect();
+    let mut step = |&(victim, size): &(usize, usize)| {
+        let (p, l) = window[victim];
+        // SAFETY: allocated by `g` with `l`, freed once (replaced at once).
+        unsafe { g.dealloc(p, l) };
+        window[victim] = alloc_touched(g, size);
+    };
+    let (warm, timed) = plan.steps.split_at(WARM_STEPS);
+    warm.iter().for_each(&mut step);
+    let t = process_cpu_ns();
+    timed.iter().for_each(&mut step);
+    let ns = (process_cpu_ns() - t) / timed.len() as f64;
+    for (p, l) in black_box(window) {
+        // SAFETY: allocated by `g` with `l`, freed once.
+        unsafe { g.dealloc(p, l) };
+    }
+    ns
+}
+
+/// Medium churn: System, jemalloc, mimalloc, MklAllocator and
+/// MklSplitAllocator (its default small side), interleaved in this process.
+pub fn churn_group(t: &mut Table) {
+    const ROUNDS: usize = 21;
+    let plan = Plan::new();
+    let series = interleave(
+        ROUNDS,
+        &mut [
+            ("System", &mut || churn(&std::alloc::System, &plan)),
+            ("jemalloc", &mut || {
+                churn(&tikv_jemallocator::Jemalloc, &plan)
+            }),
+            ("mimalloc", &mut || churn(&mimalloc::MiMalloc, &plan)),
+            ("MklAllocator", &mut || churn(&MklAllocator, &plan)),
+            ("MklSplitAllocator", &mut || {
+                churn(&MklSplitAllocator, &plan)
+            }),
+        ],
+    );
+    t.group(
+        "42. medium churn: 2,000 live blocks, log-uniform 4 KiB-1 MiB, free one + alloc one (process CPU per step)",
+        "ns",
+        &series,
+        0,
+    );
+    let fastest = series[..3]
+        .iter()
+        .min_by(|a, b| crate::harness::med(a).total_cmp(&crate::harness::med(b)))
+        .unwrap();
+    for mkl in &series[3..] {
+        t.target(
+            &format!(
+                "medium churn: {} ≤ 1.05x the fastest of System, jemalloc, mimalloc",
+                mkl.name
+            ),
+            mkl,
+            fastest,
+            1.05,
+        );
+    }
+}
+
+/// The block sizes of the retention rows: the argument a child gets, and
+/// the rows' title.
+const SIZES: [(&str, &str); 3] = [
+    ("48k", "48 KiB blocks"),
+    ("160k", "160 KiB blocks"),
+    ("mixed", "log-uniform 4 KiB-1 MiB blocks"),
+];
+
+/// A competitor of the retention rows.
+struct Who {
+    name: &'static str,
+    /// The allocator the child uses.
+    arg: &'static str,
+    /// `mkl_alloc::background::start()` first in the child, and no
+    /// allocation after the pause.
+    background: bool,
+}
+
+const RETENTION: [Who; 7] = [
+    Who {
+        name: "System",
+        arg: "system",
+        background: false,
+    },
+    Who {
+        name: "jemalloc",
+        arg: "jemalloc",
+        background: false,
+    },
+    Who {
+        name: "mimalloc",
+        arg: "mimalloc",
+        background: false,
+    },
+    Who {
+        name: "MklSplitAllocator",
+        arg: "split",
+        background: false,
+    },
+    Who {
+        name: "MklAllocator",
+        arg: "mkl",
+        background: false,
+    },
+    Who {
+        name: "MklSplitAllocator, background thread, no alloc after",
+        arg: "split",
+        background: true,
+    },
+    Who {
+        name: "MklAllocator, background thread, no alloc after",
+        arg: "mkl",
+        background: true,
+    },
+];
+
+/// MiB of blocks each retention child allocates: `PERF_RETENTION_MIB`,
+/// 1024 by default.
+fn retention_mib() -> usize {
+    match std::env::var("PERF_RETENTION_MIB") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&m| m > 0)
+            .unwrap_or_else(|| panic!("PERF_RETENTION_MIB={v:?}: a positive number of MiB")),
+        Err(_) => 1024,
+    }
+}
+
+/// Starts `perf --child retention <who> <sizes> <mib> <after>`.
+fn spawn_retention(who: &Who, sizes: &str, mib: usize) -> std::process::Child {
+    let mut cmd = Command::new(own_exe());
+    let end = if who.background {
+        "background"
+    } else {
+        "alloc"
+    };
+    cmd.args(["--child", "retention", who.arg, sizes])
+        .arg(mib.to_string())
+        .arg(end);
+    apply_env(&mut cmd, Env::Defaults);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("start a perf retention child")
+}
+
+/// Retention: for each block size, every competitor in a child of its
+/// own; the children of one round run at the same time (most of a child's
+/// time is its 2 s pause, and what is measured is memory, not time).
+pub fn retention_group(t: &mut Table) {
+    const ROUNDS: usize = 3;
+    let mib = retention_mib();
+    let who = &RETENTION;
+    for (arg, title) in SIZES {
+        let mut idle: Vec<Series> = who.iter().map(|w| Series::new(w.name)).collect();
+        let mut freed = idle.clone();
+        for r in 0..ROUNDS {
+            let children: Vec<(usize, std::process::Child)> = order(who.len(), r)
+                .into_iter()
+                .map(|i| (i, spawn_retention(&who[i], arg, mib)))
+                .collect();
+            for (i, c) in children {
+                let out = c.wait_with_output().expect("wait for a retention child");
+                assert!(
+                    out.status.success(),
+                    "retention child {} {arg} failed: {}",
+                    who[i].name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
+                assert!(
+                    !who[i].background || field(&f, "background") == 1.0,
+                    "{}: the background thread was not running at the end",
+                    who[i].name
+                );
+                idle[i].values.push(field(&f, "rss_mib"));
+                freed[i].values.push(field(&f, "freed_mib"));
+            }
+        }
+        let what = format!("42. retention, {mib} MiB of {title}");
+        t.values(
+            &format!("{what}: resident beyond the start, 2 s idle then 1 alloc"),
+            "MiB",
+            &idle,
+        );
+        t.values(
+            &format!("{what}: resident beyond the start just after the free"),
+            "MiB",
+            &freed,
+        );
+        let start = Series {
+            name: "the start".into(),
+            values: vec![0.0; ROUNDS],
+        };
+        for (w, s) in who.iter().zip(&idle) {
+            if w.arg == "split" || w.arg == "mkl" {
+                t.target_diff(
+                    &format!(
+                        "retention, {title}: {} ≤ 32 MiB beyond the start after 2 s idle",
+                        w.name
+                    ),
+                    s,
+                    &start,
+                    32.0,
+                    "MiB",
+                );
+            }
+        }
+    }
+}
+
+/// `perf --child retention <who> <sizes> <mib> <end>`: one retention
+/// measurement, printed as `key=value` pairs. `end`: `alloc` (one 32 B
+/// allocation after the pause) or `background` (the background thread
+/// started first, nothing allocated after the pause).
+pub fn retention_child(args: &[String]) {
+    let (who, sizes, end) = (args[0].as_str(), args[1].as_str(), args[3].as_str());
+    let mib: usize = args[2].parse().expect("MiB");
+    let after = match end {
+        "alloc" => true,
+        "background" => {
+            mkl_alloc::background::start().expect("start the background decay thread");
+            false
+        }
+        other => panic!("unknown retention ending {other}"),
+    };
+    let line = match who {
+        "system" => retention(&std::alloc::System, sizes, mib, after),
+        "jemalloc" => retention(&tikv_jemallocator::Jemalloc, sizes, mib, after),
+        "mimalloc" => retention(&mimalloc::MiMalloc, sizes, mib, after),
+        "mkl" => retention(&MklAllocator, sizes, mib, after),
+        "split" => retention(&MklSplitAllocator, sizes, mib, after),
+        other => panic!("unknown allocator {other}"),
+    };
+    println!("{line}");
+}
+
+/// The retention measurement under `g` (see the module's docs).
+fn retention<G: GlobalAlloc>(g: &G, sizes: &str, mib: usize, after: bool) -> String {
+    let mut r = Rng(0x4242_0042_5EED_0001);
+    let mut next = || match sizes {
+        "48k" => 48 << 10,
+        "160k" => 160 << 10,
+        "mixed" => r.medium(),
+        other => panic!("unknown retention sizes {other}"),
+    };
+    let total = mib << 20;
+    let mut plan = vec![];
+    let mut sum = 0;
+    while sum < total {
+        let s = next();
+        plan.push(s);
+        sum += s;
+    }
+    let small = Layout::from_size_align(SMALL, 8).unwrap();
+    let alloc_small = || {
+        // SAFETY: a non-zero size.
+        let p = unsafe { g.alloc(small) };
+        assert!(!p.is_null(), "a 32 B allocation failed");
+        // SAFETY: SMALL bytes, inside the block.
+        unsafe { p.write_bytes(b's', SMALL) };
+        p
+    };
+    // The allocator's first use (its pools, MKL's initialisation) is not
+    // what is measured: a small and a medium block first.
+    // SAFETY: allocated just above with their layouts, freed once.
+    unsafe {
+        g.dealloc(alloc_small(), small);
+        let (p, l) = alloc_touched(g, MIN);
+        g.dealloc(p, l);
+    }
+    let mut big: Vec<(*mut u8, Layout)> = Vec::with_capacity(plan.len());
+    let mut smalls: Vec<*mut u8> = Vec::with_capacity(plan.len() / 2 + 2);
+    let start = rss_mib();
+    for (i, &s) in plan.iter().enumerate() {
+        big.push(alloc_touched(g, s));
+        if i % 2 == 1 {
+            smalls.push(alloc_small());
+        }
+    }
+    let peak = rss_mib() - start;
+    for (p, l) in big.drain(..) {
+        // SAFETY: allocated by `g` with `l`, freed once.
+        unsafe { g.dealloc(p, l) };
+    }
+    let freed = rss_mib() - start;
+    std::thread::sleep(Duration::from_secs(2));
+    if after {
+        smalls.push(alloc_small());
+    }
+    let idle = rss_mib() - start;
+    let background = u8::from(mkl_alloc::background::is_running());
+    for p in smalls {
+        // SAFETY: allocated by `g` with `small`, freed once.
+        unsafe { g.dealloc(p, small) };
+    }
+    format!(
+        "rss_mib={idle} freed_mib={freed} peak_mib={peak} blocks={} background={background}",
+        plan.len()
+    )
+}

@@ -1,0 +1,304 @@
+//! Medium blocks: every block beneath MKL from 4 KiB up to [`MIN_CHUNK`]
+//! (1 MiB) on the crate's own memory, given back to the kernel after the
+//! decay time.
+//!
+//! **Why.** Below 1 MiB the hooks used to pass MKL's requests to the C
+//! runtime (glibc's `malloc`), which never returns a freed block that sits
+//! between live small ones: a NumPy program that made and freed 1 GiB of
+//! 48 KiB arrays, a short string kept between each two, stayed 1 GiB
+//! resident (issue 42). Medium blocks are served instead from one region
+//! of the crate's, and freed ones go back to the kernel (`MADV_DONTNEED`,
+//! so the resident set drops, not only what the kernel may reclaim) once
+//! unused for the block cache's decay time.
+//!
+//! **What.** At the first medium request one region is reserved
+//! (`region`: 64 GiB of address space with `MAP_NORESERVE`, halving down
+//! to 1 GiB where refused; if none, medium blocks stay off and requests
+//! go to the functions beneath the hooks, as before). It is one mapping
+//! for good (counted once against the mapping limit), so telling whether
+//! a freed pointer is a medium block is one subtraction and a comparison,
+//! made before the chunk table's lookup. The region is carved into spans
+//! of 4 MiB, handed bump-style to 28 size classes (`class`: whole pages,
+//! 4, 8, ..., 32 KiB a page apart, then four per doubling up to 1 MiB;
+//! a request takes the smallest class that holds it; a block's pages past
+//! what its owner touches never become resident). Each class has a lock
+//! (`lock`: a spin lock, innermost: no other lock and no system call
+//! while it is held), a list of dirty blocks (freed, resident, reused
+//! newest first, each with the time it was freed), a list of clean ones
+//! (given back: they read as zero, so a zeroed request taking one writes
+//! nothing) and the bump range of its span. Metadata lives outside the
+//! blocks (`heap`: an entry of 16 bytes per page at the region's start),
+//! so a clean block's pages stay unresident. Spans stay with their class
+//! for good (their free blocks with them, clean once decayed: address
+//! space only); a request that finds no span left goes to the previous
+//! functions, as without a region.
+//!
+//! **Decay and budget.** A dirty block freed at least
+//! [`block_cache::decay_ms`] ago is purged and moved to the clean list by
+//! [`decay`], which the block cache's decay points call (a large
+//! allocation or free, and every thread's [`TICKS`](block_cache::TICKS)th
+//! small or medium free), as can any thread at any time (a background
+//! decay thread). Dirty bytes count under the block cache's one budget
+//! (with the cached chunks and the growth slack): a block freed when they
+//! do not fit is purged at once. `manager::free_buffers()`,
+//! `block_cache::empty()` and `block_cache::disable()` purge every dirty
+//! block. The purge runs outside the class's lock (the lock is held to
+//! take a batch of blocks off the dirty list, and again to put them on
+//! the clean list), adjacent blocks in one call.
+//!
+//! **Figures.** [`MemStats`](crate::manager::MemStats) reports bytes in
+//! live medium blocks (`medium_live_bytes`, at their classes' sizes; MKL
+//! counts the same blocks in `bytes`, at the sizes asked), held dirty for
+//! reuse (`medium_dirty_bytes`) and given back (`medium_clean_bytes`:
+//! address space, not memory).
+//!
+//! **Where.** Linux. `MKL_ALLOC_MEDIUM=off` (read once, at the hooks'
+//! setup) keeps the C runtime beneath MKL below 1 MiB, as does
+//! `MKL_ALLOC_BACKING=off`. On Windows, and under Miri, medium requests go
+//! to the previous functions as before (the heap's logic is tested on a
+//! plain allocation there). A `fork` finds every class unlocked: the fork
+//! handler takes their locks after the block cache's shards.
+
+#![cfg_attr(
+    any(loom, miri, not(target_os = "linux")),
+    allow(dead_code, unused_imports)
+)]
+
+pub(crate) mod class;
+pub(crate) mod heap;
+pub(crate) mod lock;
+#[cfg(target_os = "linux")]
+mod region;
+
+#[cfg(not(loom))]
+pub(crate) use instance::*;
+
+/// Under loom there is no process heap (the model builds its own).
+#[cfg(loom)]
+pub(crate) fn figures() -> (usize, usize, usize) {
+    (0, 0, 0)
+}
+
+#[cfg(loom)]
+pub(crate) fn empty() {}
+
+#[cfg(doc)]
+use super::{MIN_CHUNK, block_cache};
+
+#[cfg(not(loom))]
+mod instance {
+    use core::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering::Relaxed};
+
+    use super::class;
+    use super::heap::{Env, Heap};
+    use crate::backing::block_cache;
+
+    /// The process's medium heap (its region set at the first request).
+    static HEAP: Heap = Heap::new();
+
+    /// 0: on (the region reserved at the first request), 1: off (no
+    /// region could be reserved), 2: off (`MKL_ALLOC_MEDIUM=off`).
+    static OFF: AtomicU8 = AtomicU8::new(0);
+
+    /// When (ms) the next rate-limited sweep ([`maybe_decay`]) is due.
+    static NEXT_SWEEP: AtomicUsize = AtomicUsize::new(0);
+
+    /// The classes the fork handler locked (bit `k`: class `k`).
+    static FORK_TAKEN: AtomicU32 = AtomicU32::new(0);
+
+    /// The budget and the purge beneath the process's heap.
+    struct Global;
+
+    impl Env for Global {
+        #[inline(always)]
+        fn reserve(&self, n: usize) -> bool {
+            block_cache::reserve_medium(n)
+        }
+        #[inline(always)]
+        fn unreserve(&self, n: usize) {
+            block_cache::unreserve_medium(n)
+        }
+        unsafe fn purge(&self, p: *mut u8, len: usize) {
+            #[cfg(target_os = "linux")]
+            // SAFETY: the caller's contract: free blocks of the region.
+            unsafe {
+                super::region::purge(p, len)
+            };
+            #[cfg(not(target_os = "linux"))]
+            let _ = (p, len); // no region: never reached
+        }
+    }
+
+    /// Turns medium blocks off (`MKL_ALLOC_MEDIUM=off`): read once, before
+    /// the first request; later requests go to the previous functions.
+    pub(crate) fn turn_off() {
+        OFF.store(2, Relaxed);
+    }
+
+    /// Whether medium blocks are on (Linux, not turned off, a region
+    /// reserved or still to be), and whether `MKL_ALLOC_MEDIUM=off` turned
+    /// them off.
+    pub(crate) fn is_on() -> (bool, bool) {
+        let off = OFF.load(Relaxed);
+        (
+            cfg!(all(target_os = "linux", not(miri))) && off == 0,
+            off == 2,
+        )
+    }
+
+    /// Whether `p` is a medium block (or in the region): one subtraction
+    /// and a comparison.
+    #[inline(always)]
+    pub(crate) fn contains(p: *const u8) -> bool {
+        HEAP.contains(p)
+    }
+
+    /// A medium block for a request of `n` bytes, and whether it reads as
+    /// zero; `None` if `n` is not a medium size, medium blocks are off, or
+    /// the region is full.
+    ///
+    /// Each medium allocation is also a decay point (a coarse clock read
+    /// and one load while no sweep is due): a program that goes idle and
+    /// then makes one medium allocation gives back what decayed meanwhile,
+    /// without a background thread.
+    #[inline]
+    pub(crate) fn alloc(n: usize) -> Option<(*mut u8, bool)> {
+        let k = class::of(n)?;
+        if !HEAP.ready() && !init() {
+            return None;
+        }
+        let got = HEAP.alloc(k, &Global);
+        maybe_decay(crate::sys::now_ms());
+        got
+    }
+
+    /// Reserves the region, once: `false` if medium blocks are off or
+    /// none can be had. Racing threads each reserve one; the first to set
+    /// it wins and the others give theirs back.
+    #[cold]
+    #[inline(never)]
+    fn init() -> bool {
+        if OFF.load(Relaxed) != 0 {
+            return false;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let Some((p, len)) = super::region::reserve() else {
+                OFF.store(1, Relaxed);
+                return false;
+            };
+            if !HEAP.set_region(p, len) {
+                // SAFETY: our reservation, unused: another thread's won.
+                unsafe { super::region::unreserve(p, len) };
+            }
+            // The winner may not have published the length yet: this
+            // request goes to the previous functions then.
+            HEAP.ready()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            OFF.store(1, Relaxed);
+            false
+        }
+    }
+
+    /// The class size of the medium block `p`: the bytes it holds.
+    ///
+    /// # Safety
+    /// `p` is a live medium block.
+    #[inline]
+    pub(crate) unsafe fn block_size(p: *const u8) -> usize {
+        HEAP.block_size(p)
+    }
+
+    /// The size of the class a request of `n` bytes takes, `None` if it
+    /// is not a medium size.
+    #[inline]
+    pub(crate) fn class_size(n: usize) -> Option<usize> {
+        class::of(n).map(class::size)
+    }
+
+    /// Frees the medium block `p`: kept dirty for reuse, or given back at
+    /// once where the budget has no room for it.
+    ///
+    /// # Safety
+    /// `p` is a live medium block, not used again.
+    #[inline]
+    pub(crate) unsafe fn free(p: *mut u8) {
+        // SAFETY: the caller's contract.
+        unsafe { HEAP.free(p, crate::sys::now_ms(), &Global) }
+    }
+
+    /// Gives back every dirty block freed at least
+    /// [`block_cache::decay_ms`] before `now_ms` (milliseconds of
+    /// `sys::now_ms`, the block cache's clock); returns how many. Callable
+    /// from any thread at any time, inside or outside MKL's calls.
+    pub(crate) fn decay(now_ms: usize) -> usize {
+        let d = block_cache::decay_ms();
+        if d > (u32::MAX / 2) as usize || !HEAP.any_dirty() {
+            return 0; // a decay beyond ~24 days: never
+        }
+        HEAP.decay(now_ms, Some(d as u32), &Global)
+    }
+
+    /// [`decay`], at most once per quarter of the decay time across the
+    /// process (the block cache's decay points).
+    #[inline]
+    pub(crate) fn maybe_decay(now_ms: usize) {
+        let due = NEXT_SWEEP.load(Relaxed);
+        if now_ms < due || !HEAP.any_dirty() {
+            return;
+        }
+        let next = now_ms.saturating_add((block_cache::decay_ms() / 4).max(1));
+        if NEXT_SWEEP
+            .compare_exchange(due, next, Relaxed, Relaxed)
+            .is_ok()
+        {
+            decay(now_ms);
+        }
+    }
+
+    /// The decay time changed: the next sweep is due at once.
+    pub(crate) fn decay_changed() {
+        NEXT_SWEEP.store(0, Relaxed);
+    }
+
+    /// Gives back every dirty block (`manager::free_buffers`,
+    /// `block_cache::empty` and `disable`, a budget lowered below what is
+    /// held).
+    pub(crate) fn empty() {
+        if HEAP.any_dirty() {
+            HEAP.decay(crate::sys::now_ms(), None, &Global);
+        }
+    }
+
+    /// Whether any class holds dirty blocks (a snapshot).
+    #[inline]
+    pub(crate) fn any_dirty() -> bool {
+        HEAP.any_dirty()
+    }
+
+    /// Bytes in live medium blocks, held dirty for reuse, and given back
+    /// (clean): a snapshot.
+    pub(crate) fn figures() -> (usize, usize, usize) {
+        HEAP.figures()
+    }
+
+    /// `pthread_atfork`'s prepare handler, after the block cache's
+    /// shards: takes every class's lock (see `Heap::lock_for_fork`).
+    #[cfg_attr(windows, allow(dead_code))]
+    pub(crate) fn lock_for_fork() {
+        let taken = HEAP.lock_for_fork(super::lock::held_here());
+        FORK_TAKEN.store(taken, Relaxed);
+    }
+
+    /// The parent's and the child's handler: releases what
+    /// [`lock_for_fork`] took.
+    #[cfg_attr(windows, allow(dead_code))]
+    pub(crate) fn unlock_after_fork() {
+        let taken = FORK_TAKEN.swap(0, Relaxed);
+        // SAFETY: called by the fork handlers, in the thread that ran
+        // lock_for_fork (or its copy in the child), once after it.
+        unsafe { HEAP.unlock_after_fork(taken) };
+    }
+}

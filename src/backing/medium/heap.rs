@@ -1,0 +1,832 @@
+//! The medium heap's core, on a region given to it: spans handed to
+//! classes, each class's lists of free blocks, and the decay, without any
+//! system call of its own (the caller's [`Env`] purges pages and keeps the
+//! budget). The process's heap runs on the reserved region
+//! (`medium::region`); the unit tests and the loom model run it on a plain
+//! allocation.
+//!
+//! **Layout.** The region starts with the block metadata, one [`Meta`] of
+//! 16 bytes per page of the region (a 64 GiB region: 256 MiB of address
+//! space, of which only the entries of blocks ever freed are touched:
+//! 16 bytes per block), followed by the spans. A span (4 MiB) belongs to
+//! one class from its first block on (the span table, one byte per span,
+//! says which), and is carved bump-style into that class's blocks. A
+//! block is named by the index of its first page, which is also the
+//! index of its metadata entry.
+//!
+//! **Lists.** Each class keeps, under its lock: the dirty list (blocks
+//! freed and still resident, doubly linked, newest first: reuse pops the
+//! newest, decay the oldest, each in constant time; a block's entry holds
+//! when it was freed), the clean list (blocks whose pages went back to
+//! the kernel: they read as zero), and the bump range of its current span.
+//! A request takes a dirty block, else a clean one, else a fresh one.
+//! Nothing is ever written into a free block's own pages: a clean block
+//! stays unresident until it is used again.
+
+use core::ptr;
+
+#[cfg(not(loom))]
+use core::sync::atomic::AtomicU8;
+#[cfg(loom)]
+use loom::sync::atomic::AtomicU8;
+
+use super::class::{self, CLASSES, PAGE_SHIFT};
+use super::lock::SpinLock;
+use crate::sync::{
+    AtomicPtr, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
+
+#[cfg(loom)]
+use loom::cell::UnsafeCell;
+
+/// `core`'s cell with loom's closure API (a `const` constructor, which
+/// `crate::sync`'s lacks; loom's own cell under loom).
+#[cfg(not(loom))]
+struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    const fn new(v: T) -> Self {
+        UnsafeCell(core::cell::UnsafeCell::new(v))
+    }
+
+    #[inline(always)]
+    fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+/// The span: the unit the region is handed to classes in (4 MiB; 1 MiB
+/// under Miri and loom, whose regions are small allocations).
+pub const SPAN: usize = if cfg!(any(miri, loom)) {
+    1 << 20
+} else {
+    4 << 20
+};
+
+/// The largest region (64 GiB).
+pub(crate) const REGION_MAX: usize = 64 << 30;
+
+/// Spans a region may have (the span table's length).
+/// Under Miri: 64 (its tests' regions are a few spans), since Miri's borrow
+/// tracker visits every atomic of the table at each `&Heap` it retags
+/// (65,536 at full size: seconds per operation; see `chunks::SLOTS`).
+pub(crate) const MAX_SPANS: usize = if cfg!(loom) {
+    8
+} else if cfg!(miri) {
+    64
+} else {
+    REGION_MAX / SPAN
+};
+
+/// Classes the heap keeps: all of them, but 2 under loom (whose models
+/// use classes 0 and 1, and explore every atomic access of every class).
+const N_CLASSES: usize = if cfg!(loom) { 2 } else { CLASSES };
+
+/// No block (the end of a list).
+const NONE: u32 = u32::MAX;
+
+/// Blocks a decay takes out of a class per hold of its lock.
+const BATCH: usize = 32;
+
+/// A block's metadata, at its first page's index in the region's head.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Meta {
+    /// The next block in its list (older, in the dirty list).
+    next: u32,
+    /// The previous block in the dirty list (newer).
+    prev: u32,
+    /// When it was freed (ms, wrapping), in the dirty list.
+    since: u32,
+    _pad: u32,
+}
+
+/// Spans at the region's start that hold the metadata of a region of
+/// `len` bytes.
+pub const fn meta_spans(len: usize) -> usize {
+    ((len >> PAGE_SHIFT) * size_of::<Meta>()).div_ceil(SPAN)
+}
+
+/// What the heap needs from its owner: the budget that dirty blocks count
+/// under, and the purge of a block's pages.
+pub trait Env {
+    /// Reserves `n` bytes for a block going dirty: `false` if they do not
+    /// fit (the block is then purged at once).
+    fn reserve(&self, n: usize) -> bool;
+    /// Gives back `n` bytes reserved before.
+    fn unreserve(&self, n: usize);
+    /// Gives the pages of `[p, p + len)` back to the kernel: they read as
+    /// zero afterwards.
+    ///
+    /// # Safety
+    /// The range is free blocks of the heap, which nobody uses.
+    unsafe fn purge(&self, p: *mut u8, len: usize);
+}
+
+/// A class's lists, under its lock.
+struct Lists {
+    dirty_head: u32,
+    dirty_tail: u32,
+    clean_head: u32,
+    /// The next fresh block (an offset in the region) and the end of the
+    /// current span's blocks.
+    bump: usize,
+    end: usize,
+}
+
+/// One class: its lock, its lists, and its figures (written under the
+/// lock, read without it).
+#[repr(align(128))]
+struct Class {
+    lock: SpinLock,
+    lists: UnsafeCell<Lists>,
+    live: AtomicUsize,
+    dirty: AtomicUsize,
+    clean: AtomicUsize,
+}
+
+// SAFETY: `lists` is read and written only under `lock` (and by the fork
+// handler holding it); everything else is atomic.
+unsafe impl Sync for Class {}
+// SAFETY: as above; the lists hold indices, not references.
+unsafe impl Send for Class {}
+
+impl Class {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        Class {
+            lock: SpinLock::new(),
+            lists: UnsafeCell::new(Lists::EMPTY),
+            live: AtomicUsize::new(0),
+            dirty: AtomicUsize::new(0),
+            clean: AtomicUsize::new(0),
+        }
+    }
+
+    #[cfg(loom)]
+    fn new() -> Self {
+        Class {
+            lock: SpinLock::new(),
+            lists: UnsafeCell::new(Lists::EMPTY),
+            live: AtomicUsize::new(0),
+            dirty: AtomicUsize::new(0),
+            clean: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Lists {
+    const EMPTY: Lists = Lists {
+        dirty_head: NONE,
+        dirty_tail: NONE,
+        clean_head: NONE,
+        bump: 0,
+        end: 0,
+    };
+}
+
+/// A figure written only under its class's lock: no read-modify-write.
+#[inline(always)]
+fn add(a: &AtomicUsize, n: usize) {
+    a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+#[inline(always)]
+fn sub(a: &AtomicUsize, n: usize) {
+    a.store(a.load(Relaxed).wrapping_sub(n), Relaxed);
+}
+
+/// The heap: a region (none until [`set_region`](Heap::set_region)), its
+/// span table and its classes.
+pub struct Heap {
+    base: AtomicPtr<u8>,
+    /// The region's length; 0 until it is set (stored after `base`, with
+    /// release: a thread that reads it non-zero reads `base` too).
+    len: AtomicUsize,
+    /// The next span to hand out.
+    next_span: AtomicUsize,
+    /// Each span's class plus one; 0: not handed out.
+    spans: [AtomicU8; MAX_SPANS],
+    classes: [Class; N_CLASSES],
+}
+
+impl Heap {
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Heap {
+            base: AtomicPtr::new(ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            next_span: AtomicUsize::new(0),
+            spans: [const { AtomicU8::new(0) }; MAX_SPANS],
+            classes: [const { Class::new() }; N_CLASSES],
+        }
+    }
+
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Heap {
+            base: AtomicPtr::new(ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            next_span: AtomicUsize::new(0),
+            spans: core::array::from_fn(|_| AtomicU8::new(0)),
+            classes: core::array::from_fn(|_| Class::new()),
+        }
+    }
+
+    /// Gives the heap its region, `[base, base + len)` (`len` a multiple
+    /// of [`SPAN`], at most [`REGION_MAX`]; `base` page-aligned, memory
+    /// that reads as zero and that nothing else uses): `false`, changing
+    /// nothing, if it has one already.
+    pub fn set_region(&self, base: *mut u8, len: usize) -> bool {
+        debug_assert!(len % SPAN == 0 && len <= MAX_SPANS * SPAN && len > SPAN);
+        if self
+            .base
+            .compare_exchange(ptr::null_mut(), base, Relaxed, Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.next_span.store(meta_spans(len), Relaxed);
+        self.len.store(len, Release);
+        true
+    }
+
+    /// Whether the heap has its region.
+    #[inline(always)]
+    pub fn ready(&self) -> bool {
+        self.len.load(Acquire) != 0
+    }
+
+    /// Whether `p` lies in the region: one subtraction and a comparison
+    /// (false for every address while there is no region).
+    #[inline(always)]
+    pub fn contains(&self, p: *const u8) -> bool {
+        let len = self.len.load(Acquire);
+        p.addr().wrapping_sub(self.base.load(Relaxed).addr()) < len
+    }
+
+    #[inline(always)]
+    fn base(&self) -> *mut u8 {
+        self.base.load(Relaxed)
+    }
+
+    /// The block whose first page is `idx`.
+    #[inline(always)]
+    fn block(&self, idx: u32) -> *mut u8 {
+        self.base().wrapping_add((idx as usize) << PAGE_SHIFT)
+    }
+
+    /// The metadata entry of the block `idx`.
+    ///
+    /// # Safety
+    /// `idx` is a block of the heap; the caller holds its class's lock.
+    #[inline(always)]
+    unsafe fn meta(&self, idx: u32) -> *mut Meta {
+        // SAFETY: the entries lie at the region's start, one per page of
+        // the region, within its metadata spans.
+        unsafe { self.base().cast::<Meta>().add(idx as usize) }
+    }
+
+    /// The class of the block at offset `off` of the region.
+    #[inline(always)]
+    fn class_at(&self, off: usize) -> usize {
+        self.spans[off / SPAN].load(Relaxed) as usize - 1
+    }
+
+    /// The size of the live block `p` of the heap.
+    #[inline(always)]
+    pub fn block_size(&self, p: *const u8) -> usize {
+        class::size(self.class_at(p.addr() - self.base().addr()))
+    }
+
+    /// A block of class `k`, and whether it reads as zero (a clean or
+    /// fresh one); `None` if the heap has no region or no span left.
+    #[inline]
+    pub fn alloc(&self, k: usize, env: &impl Env) -> Option<(*mut u8, bool)> {
+        let c = &self.classes[k];
+        let size = class::size(k);
+        let guard = c.lock.lock();
+        let got = c.lists.with_mut(|l| {
+            // SAFETY: the class's lock is held: nothing else reads or
+            // writes its lists, nor its blocks' metadata.
+            let l = unsafe { &mut *l };
+            if l.dirty_head != NONE {
+                let i = l.dirty_head;
+                // SAFETY: `i` is a block of this class (lock held).
+                unsafe {
+                    let next = (*self.meta(i)).next;
+                    l.dirty_head = next;
+                    if next == NONE {
+                        l.dirty_tail = NONE;
+                    } else {
+                        (*self.meta(next)).prev = NONE;
+                    }
+                }
+                sub(&c.dirty, size);
+                add(&c.live, size);
+                return Some((i, false));
+            }
+            if l.clean_head != NONE {
+                let i = l.clean_head;
+                // SAFETY: as above.
+                l.clean_head = unsafe { (*self.meta(i)).next };
+                sub(&c.clean, size);
+                add(&c.live, size);
+                return Some((i, true));
+            }
+            if l.end - l.bump < size {
+                let spans = self.len.load(Acquire) / SPAN;
+                let s = self
+                    .next_span
+                    .fetch_update(Relaxed, Relaxed, |s| (s < spans).then_some(s + 1))
+                    .ok()?;
+                self.spans[s].store(k as u8 + 1, Relaxed);
+                l.bump = s * SPAN;
+                l.end = l.bump + SPAN / size * size;
+            }
+            let i = (l.bump >> PAGE_SHIFT) as u32;
+            l.bump += size;
+            add(&c.live, size);
+            Some((i, true))
+        });
+        drop(guard);
+        let (i, zero) = got?;
+        if !zero {
+            env.unreserve(size);
+        }
+        Some((self.block(i), zero))
+    }
+
+    /// Frees the block `p` at `now` (ms): onto its class's dirty list if
+    /// the budget has room for it, else purged and onto the clean list.
+    ///
+    /// # Safety
+    /// `p` is a live block of the heap (as [`alloc`](Self::alloc) returned
+    /// it), not used again.
+    #[inline]
+    pub unsafe fn free(&self, p: *mut u8, now: usize, env: &impl Env) {
+        let off = p.addr() - self.base().addr();
+        let k = self.class_at(off);
+        let size = class::size(k);
+        debug_assert!((off % SPAN) % size == 0, "not a block's start");
+        let idx = (off >> PAGE_SHIFT) as u32;
+        let dirty = env.reserve(size);
+        if !dirty {
+            // SAFETY: the caller's contract: the block is ours, unused.
+            unsafe { env.purge(p, size) };
+        }
+        let c = &self.classes[k];
+        let _guard = c.lock.lock();
+        c.lists.with_mut(|l| {
+            // SAFETY: the class's lock is held (see `alloc`).
+            let l = unsafe { &mut *l };
+            // SAFETY: `idx` is a block of this class (lock held).
+            unsafe {
+                if dirty {
+                    let head = l.dirty_head;
+                    *self.meta(idx) = Meta {
+                        next: head,
+                        prev: NONE,
+                        since: now as u32,
+                        _pad: 0,
+                    };
+                    if head == NONE {
+                        l.dirty_tail = idx;
+                    } else {
+                        (*self.meta(head)).prev = idx;
+                    }
+                    l.dirty_head = idx;
+                    add(&c.dirty, size);
+                } else {
+                    self.push_clean(l, idx);
+                    add(&c.clean, size);
+                }
+            }
+            sub(&c.live, size);
+        });
+    }
+
+    /// # Safety
+    /// The class's lock is held, and `idx` is its block, in no list.
+    #[inline(always)]
+    unsafe fn push_clean(&self, l: &mut Lists, idx: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { (*self.meta(idx)).next = l.clean_head };
+        l.clean_head = idx;
+    }
+
+    /// Purges the dirty blocks freed at least `older_than` ms before
+    /// `now` (every dirty block with `None`), oldest first, and moves them
+    /// to their classes' clean lists; returns how many. Each class's lock
+    /// is held only to take a batch of blocks off its dirty list and to
+    /// put them on its clean list: the purge runs between, without it
+    /// (adjacent blocks in one call).
+    pub fn decay(&self, now: usize, older_than: Option<u32>, env: &impl Env) -> usize {
+        let mut total = 0;
+        for (k, c) in self.classes.iter().enumerate() {
+            if c.dirty.load(Relaxed) == 0 {
+                continue;
+            }
+            let size = class::size(k);
+            loop {
+                let mut batch = [NONE; BATCH];
+                let mut n = 0;
+                {
+                    let _guard = c.lock.lock();
+                    c.lists.with_mut(|l| {
+                        // SAFETY: the class's lock is held (see `alloc`).
+                        let l = unsafe { &mut *l };
+                        while n < BATCH && l.dirty_tail != NONE {
+                            let i = l.dirty_tail;
+                            // SAFETY: a block of this class (lock held).
+                            let m = unsafe { *self.meta(i) };
+                            if older_than.is_some_and(|d| (now as u32).wrapping_sub(m.since) < d) {
+                                break;
+                            }
+                            l.dirty_tail = m.prev;
+                            if m.prev == NONE {
+                                l.dirty_head = NONE;
+                            } else {
+                                // SAFETY: as above.
+                                unsafe { (*self.meta(m.prev)).next = NONE };
+                            }
+                            batch[n] = i;
+                            n += 1;
+                        }
+                        sub(&c.dirty, n * size);
+                    });
+                }
+                if n == 0 {
+                    break;
+                }
+                // Adjacent blocks (freed in address order) in one call.
+                let mut run = (batch[0], 1u32);
+                let pages = (size >> PAGE_SHIFT) as u32;
+                for &i in batch[1..n].iter().chain([&NONE]) {
+                    if i != NONE && i == run.0 + run.1 * pages {
+                        run.1 += 1;
+                        continue;
+                    }
+                    // SAFETY: the blocks of the run are off every list:
+                    // free, and this thread's alone until pushed below.
+                    unsafe { env.purge(self.block(run.0), run.1 as usize * size) };
+                    run = (i, 1);
+                }
+                env.unreserve(n * size);
+                {
+                    let _guard = c.lock.lock();
+                    c.lists.with_mut(|l| {
+                        // SAFETY: the class's lock is held (see `alloc`).
+                        let l = unsafe { &mut *l };
+                        for &i in &batch[..n] {
+                            // SAFETY: a block of this class, in no list.
+                            unsafe { self.push_clean(l, i) };
+                        }
+                        add(&c.clean, n * size);
+                    });
+                }
+                total += n;
+                if n < BATCH {
+                    break;
+                }
+            }
+        }
+        total
+    }
+
+    /// Bytes in live blocks, in dirty blocks (free, resident) and in
+    /// clean blocks (free, given back): a snapshot.
+    pub fn figures(&self) -> (usize, usize, usize) {
+        self.classes.iter().fold((0, 0, 0), |(l, d, c), k| {
+            (
+                l + k.live.load(Relaxed),
+                d + k.dirty.load(Relaxed),
+                c + k.clean.load(Relaxed),
+            )
+        })
+    }
+
+    /// Whether any class holds dirty blocks (a snapshot).
+    #[inline]
+    pub fn any_dirty(&self) -> bool {
+        self.classes.iter().any(|c| c.dirty.load(Relaxed) != 0)
+    }
+
+    /// `pthread_atfork`'s prepare handler: takes every class's lock, in
+    /// order. The lock this thread may hold itself (`mine`, from a fork in
+    /// a signal handler that interrupted it) is only tried, for about a
+    /// millisecond, and skipped if it stays held. Returns which were taken
+    /// (bit `k`: class `k`).
+    #[cfg(not(loom))]
+    #[cfg_attr(windows, allow(dead_code))]
+    pub(crate) fn lock_for_fork(&self, mine: usize) -> u32 {
+        let mut taken = 0u32;
+        for (k, c) in self.classes.iter().enumerate() {
+            if ptr::from_ref(&c.lock).addr() == mine {
+                let got = (0..1000).any(|_| {
+                    c.lock.try_lock_raw() || {
+                        std::thread::yield_now();
+                        false
+                    }
+                });
+                if !got {
+                    continue;
+                }
+            } else {
+                c.lock.lock_raw();
+            }
+            taken |= 1 << k;
+        }
+        taken
+    }
+
+    /// Releases the locks [`lock_for_fork`](Self::lock_for_fork) took.
+    ///
+    /// # Safety
+    /// `taken` is what it returned, in this thread (or its copy in the
+    /// child), once.
+    #[cfg(not(loom))]
+    #[cfg_attr(windows, allow(dead_code))]
+    pub(crate) unsafe fn unlock_after_fork(&self, taken: u32) {
+        for (k, c) in self.classes.iter().enumerate() {
+            if taken & (1 << k) != 0 {
+                // SAFETY: the caller's contract: held here, without a guard.
+                unsafe { c.lock.force_unlock() };
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+pub(crate) mod tests {
+    use super::*;
+    use core::cell::Cell;
+    use std::alloc::{Layout, alloc_zeroed, dealloc};
+
+    /// A region that is a plain allocation, and an `Env` that zeroes
+    /// purged blocks (as `MADV_DONTNEED` would) and keeps a budget.
+    pub(crate) struct Test {
+        pub(crate) heap: Box<Heap>,
+        region: *mut u8,
+        len: usize,
+        pub(crate) budget: Cell<usize>,
+        pub(crate) reserved: Cell<usize>,
+        pub(crate) purged: Cell<usize>,
+    }
+
+    impl Test {
+        /// A heap on `spans` spans (plus its metadata's).
+        pub(crate) fn new(spans: usize) -> Test {
+            let mut len = spans * SPAN;
+            len += meta_spans(len + SPAN) * SPAN;
+            let layout = Layout::from_size_align(len, 4096).unwrap();
+            // SAFETY: a non-zero size.
+            let region = unsafe { alloc_zeroed(layout) };
+            assert!(!region.is_null());
+            let heap = Box::new(Heap::new());
+            assert!(heap.set_region(region, len));
+            assert!(!heap.set_region(region, len));
+            Test {
+                heap,
+                region,
+                len,
+                budget: Cell::new(usize::MAX),
+                reserved: Cell::new(0),
+                purged: Cell::new(0),
+            }
+        }
+    }
+
+    impl Drop for Test {
+        fn drop(&mut self) {
+            let layout = Layout::from_size_align(self.len, 4096).unwrap();
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.region, layout) };
+        }
+    }
+
+    impl Env for Test {
+        fn reserve(&self, n: usize) -> bool {
+            let ok = n <= self.budget.get() - self.reserved.get();
+            if ok {
+                self.reserved.set(self.reserved.get() + n);
+            }
+            ok
+        }
+        fn unreserve(&self, n: usize) {
+            self.reserved.set(self.reserved.get() - n);
+        }
+        unsafe fn purge(&self, p: *mut u8, len: usize) {
+            assert!(self.heap.contains(p) && self.heap.contains(p.wrapping_add(len - 1)));
+            // SAFETY: the caller's contract: free blocks of the heap.
+            unsafe { p.write_bytes(0, len) };
+            self.purged.set(self.purged.get() + len);
+        }
+    }
+
+    #[test]
+    fn no_region_contains_nothing() {
+        let h = Box::new(Heap::new());
+        assert!(!h.ready());
+        for a in [0usize, 1, 4096, usize::MAX] {
+            assert!(!h.contains(ptr::without_provenance(a)));
+        }
+    }
+
+    #[test]
+    fn blocks_are_distinct_page_aligned_and_know_their_class() {
+        // Under Miri (1 MiB spans) class 25's three 768 KiB blocks take a
+        // span each.
+        let e = Test::new(if cfg!(miri) { 8 } else { CLASSES });
+        let mut got = Vec::new();
+        for k in (0..CLASSES).step_by(if cfg!(miri) { 5 } else { 1 }) {
+            for _ in 0..3 {
+                let (p, zero) = e.heap.alloc(k, &e).unwrap();
+                assert!(zero, "a fresh block reads zero");
+                assert!(e.heap.contains(p));
+                assert_eq!(p.addr() % 4096, 0);
+                assert_eq!(e.heap.block_size(p), class::size(k));
+                // SAFETY: a live block of class::size(k) bytes.
+                unsafe {
+                    p.write(k as u8 + 1);
+                    p.add(class::size(k) - 1).write(k as u8 + 1);
+                }
+                got.push((p, k));
+            }
+        }
+        for &(p, k) in &got {
+            // SAFETY: still live.
+            unsafe {
+                assert_eq!(p.read(), k as u8 + 1);
+                assert_eq!(p.add(class::size(k) - 1).read(), k as u8 + 1);
+            }
+        }
+        let live: usize = got.iter().map(|&(_, k)| class::size(k)).sum();
+        assert_eq!(e.heap.figures(), (live, 0, 0));
+        assert!(!e.heap.contains(e.region.wrapping_add(e.len)));
+        assert!(!e.heap.contains(e.region.wrapping_sub(1)));
+        for (p, _) in got {
+            // SAFETY: live blocks, freed once.
+            unsafe { e.heap.free(p, 0, &e) };
+        }
+        assert_eq!(e.heap.figures(), (0, live, 0));
+        assert_eq!(e.reserved.get(), live);
+    }
+
+    #[test]
+    fn dirty_blocks_are_reused_newest_first() {
+        let e = Test::new(2);
+        let a = e.heap.alloc(11, &e).unwrap().0;
+        let b = e.heap.alloc(11, &e).unwrap().0;
+        // SAFETY: live blocks, each freed once.
+        unsafe {
+            a.write(7);
+            e.heap.free(a, 1, &e);
+            e.heap.free(b, 2, &e);
+        }
+        assert_eq!(e.heap.alloc(11, &e), Some((b, false)));
+        assert_eq!(e.heap.alloc(11, &e), Some((a, false)));
+        // SAFETY: a dirty block keeps its contents (nothing wrote it).
+        assert_eq!(unsafe { a.read() }, 7);
+        assert_eq!(e.reserved.get(), 0);
+        assert_eq!(e.heap.figures().1, 0);
+    }
+
+    #[test]
+    fn decay_purges_the_old_blocks_only_and_they_come_back_zero() {
+        let e = Test::new(2);
+        let k = 9; // 48 KiB
+        let size = class::size(k);
+        let blocks: Vec<_> = (0..40).map(|_| e.heap.alloc(k, &e).unwrap().0).collect();
+        for (i, &p) in blocks.iter().enumerate() {
+            // SAFETY: live blocks, freed once each; 20 at 0 ms, 20 at 50.
+            unsafe {
+                p.write_bytes(0xAB, 64);
+                e.heap.free(p, if i < 20 { 0 } else { 50 }, &e);
+            }
+        }
+        assert_eq!(e.heap.decay(30, Some(100), &e), 0);
+        assert_eq!(e.heap.decay(100, Some(100), &e), 20);
+        assert_eq!(e.purged.get(), 20 * size);
+        assert_eq!(e.heap.figures(), (0, 20 * size, 20 * size));
+        assert_eq!(e.reserved.get(), 20 * size);
+        // The young ones are still reused first, dirty.
+        for _ in 0..20 {
+            assert!(!e.heap.alloc(k, &e).unwrap().1);
+        }
+        for _ in 0..20 {
+            let (p, zero) = e.heap.alloc(k, &e).unwrap();
+            assert!(zero);
+            assert!(blocks[..20].contains(&p));
+            // SAFETY: a live block of `size` bytes.
+            assert!(
+                unsafe { core::slice::from_raw_parts(p, 64) }
+                    .iter()
+                    .all(|&b| b == 0)
+            );
+        }
+        // Wrapping clock: a block freed just before the wrap is old after it.
+        let p = e.heap.alloc(k, &e).unwrap().0;
+        // SAFETY: live, freed once.
+        unsafe { e.heap.free(p, u32::MAX as usize - 5, &e) };
+        assert_eq!(e.heap.decay(u32::MAX as usize + 10, Some(10), &e), 1);
+    }
+
+    #[test]
+    fn a_free_beyond_the_budget_is_purged_at_once() {
+        let e = Test::new(2);
+        let k = 3;
+        e.budget.set(class::size(k));
+        let a = e.heap.alloc(k, &e).unwrap().0;
+        let b = e.heap.alloc(k, &e).unwrap().0;
+        // SAFETY: live blocks, freed once each.
+        unsafe {
+            b.write(1);
+            e.heap.free(a, 0, &e);
+            e.heap.free(b, 0, &e);
+        }
+        assert_eq!(e.purged.get(), class::size(k));
+        assert_eq!(e.heap.figures(), (0, class::size(k), class::size(k)));
+        // Dirty first, then the clean one, which reads zero.
+        assert_eq!(e.heap.alloc(k, &e), Some((a, false)));
+        assert_eq!(e.heap.alloc(k, &e), Some((b, true)));
+        // SAFETY: live.
+        assert_eq!(unsafe { b.read() }, 0);
+    }
+
+    #[test]
+    fn drain_purges_everything_and_adjacent_blocks_in_one_call() {
+        let e = Test::new(2);
+        let k = 1;
+        let blocks: Vec<_> = (0..70).map(|_| e.heap.alloc(k, &e).unwrap().0).collect();
+        for &p in &blocks {
+            // SAFETY: live blocks, each freed once.
+            unsafe { e.heap.free(p, 5, &e) };
+        }
+        assert!(e.heap.any_dirty());
+        assert_eq!(e.heap.decay(5, None, &e), 70);
+        assert!(!e.heap.any_dirty());
+        assert_eq!(e.reserved.get(), 0);
+        assert_eq!(e.heap.figures(), (0, 0, 70 * class::size(k)));
+    }
+
+    #[test]
+    fn a_full_region_says_none_and_frees_still_serve() {
+        let e = Test::new(2);
+        let k = CLASSES - 1; // 1 MiB: SPAN / 1 MiB blocks a span
+        let n = 2 * (SPAN / class::size(k));
+        let blocks: Vec<_> = (0..n).map(|_| e.heap.alloc(k, &e).unwrap().0).collect();
+        assert_eq!(e.heap.alloc(k, &e), None);
+        assert_eq!(e.heap.alloc(0, &e), None); // no span left for another class
+        // SAFETY: live, freed once.
+        unsafe { e.heap.free(blocks[0], 0, &e) };
+        assert_eq!(e.heap.alloc(k, &e), Some((blocks[0], false)));
+    }
+
+    #[test]
+    fn random_operations_never_hand_out_a_block_twice() {
+        let e = Test::new(4);
+        e.budget.set(8 * class::size(12));
+        let mut live: Vec<(*mut u8, usize)> = Vec::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let steps = if cfg!(miri) { 120 } else { 5000 };
+        for now in 0..steps {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = [1, 5, 9, 12][(x % 4) as usize];
+            match (x >> 8) % 8 {
+                0..=3 => {
+                    if let Some((p, zero)) = e.heap.alloc(k, &e) {
+                        assert!(live.iter().all(|&(q, _)| q != p));
+                        // SAFETY: a live block of at least 8 bytes.
+                        unsafe {
+                            if zero {
+                                assert_eq!(p.cast::<u64>().read(), 0);
+                            }
+                            p.cast::<u64>().write(p.addr() as u64);
+                        }
+                        live.push((p, k));
+                    }
+                }
+                4..=6 if !live.is_empty() => {
+                    let (p, k) = live.swap_remove((x >> 16) as usize % live.len());
+                    assert_eq!(e.heap.block_size(p), class::size(k));
+                    // SAFETY: live, freed once.
+                    unsafe {
+                        assert_eq!(p.cast::<u64>().read(), p.addr() as u64);
+                        e.heap.free(p, now, &e);
+                    }
+                }
+                _ => {
+                    e.heap.decay(now, Some(20), &e);
+                }
+            }
+            let (l, d, _) = e.heap.figures();
+            assert_eq!(l, live.iter().map(|&(_, k)| class::size(k)).sum::<usize>());
+            assert_eq!(d, e.reserved.get());
+            assert!(d <= e.budget.get());
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! Medium blocks beneath MKL (issue 42): every MKL block of 4 KiB up to
+//! 1 MiB is the crate's (`src/backing/medium.rs`), reused while dirty and
+//! given back to the kernel after the decay time.
+//!
+//! Each check runs alone in a fresh process (the medium heap and its
+//! figures are process-wide, and `MKL_ALLOC_MEDIUM` is read once, at the
+//! crate's setup): the `#[ignore]`d `*_child` tests are the children, run
+//! by the test of the same name without the suffix.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout};
+
+use mkl_alloc::backing::{self, Backing};
+use mkl_alloc::{MklAllocator, MklSplitAllocator, block_cache, manager};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// Runs the ignored test `name` alone in a fresh process with `env`.
+fn run_alone(name: &str, env: &[(&str, &str)]) {
+    common::run_ignored_alone(name, "MKL_ALLOC_MEDIUM", env);
+}
+
+/// Whether medium blocks can be on here: Linux, MKL on the crate's memory.
+/// Warms MKL up first: its first block in a thread brings MKL's own
+/// blocks (80 KiB, medium too), which the figures below must not see.
+fn medium_here() -> bool {
+    manager::init();
+    let layout = Layout::from_size_align(16 * KIB, 64).unwrap();
+    // SAFETY: a non-zero layout, freed once.
+    unsafe { MklAllocator.dealloc(MklAllocator.alloc(layout), layout) };
+    cfg!(target_os = "linux") && backing::state() == Backing::Active
+}
+
+fn medium() -> (u64, u64, u64) {
+    let s = manager::stats();
+    (
+        s.medium_live_bytes,
+        s.medium_dirty_bytes,
+        s.medium_clean_bytes,
+    )
+}
+
+/// Resident bytes of this process (`/proc/self/statm`).
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn pattern(seed: usize) -> impl Fn(u8) -> u8 {
+    move |i| i.wrapping_mul(31).wrapping_add(seed as u8)
+}
+
+/// Sizes across the classes, with MKL's header either side of a class.
+const SIZES: [usize; 10] = [
+    4 * KIB,
+    4 * KIB + 1,
+    8 * KIB,
+    48 * KIB,
+    48 * KIB + 100,
+    100 * KIB,
+    300 * KIB,
+    512 * KIB,
+    900 * KIB,
+    MIB - 200,
+];
+
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn blocks_of_4k_to_1m_are_medium() {
+    run_alone("blocks_of_4k_to_1m_are_medium_child", &[]);
+}
+
+#[test]
+#[ignore = "run by blocks_of_4k_to_1m_are_medium in a child process"]
+fn blocks_of_4k_to_1m_are_medium_child() {
+    if !medium_here() {
+        return;
+    }
+    let start = medium();
+    let mut blocks = Vec::new();
+    for (i, &size) in SIZES.iter().enumerate() {
+        let layout = Layout::from_size_align(size, 64).unwrap();
+        let live = medium().0;
+        // SAFETY: a non-zero layout.
+        let p = unsafe { MklAllocator.alloc(layout) };
+        assert!(!p.is_null());
+        assert!(medium().0 >= live + size as u64, "{size} B is not medium");
+        // SAFETY: a live block of `size` bytes.
+        unsafe { common::fill(p, size, pattern(i)) };
+        blocks.push((p, layout, i));
+    }
+    // The split allocator: its MKL side's blocks are medium, its small
+    // side's are not.
+    let split: MklSplitAllocator = MklSplitAllocator;
+    let live = medium().0;
+    let big = Layout::from_size_align(48 * KIB, 8).unwrap();
+    let small = Layout::from_size_align(100, 8).unwrap();
+    // SAFETY: non-zero layouts.
+    let (b, s) = unsafe { (split.alloc(big), split.alloc(small)) };
+    assert!(medium().0 >= live + big.size() as u64);
+    assert!(medium().0 < live + big.size() as u64 + 64 * KIB as u64);
+    for &(p, layout, i) in &blocks {
+        // SAFETY: live blocks, written above.
+        unsafe { common::check(p, layout.size(), pattern(i)) };
+    }
+    // SAFETY: live blocks of these layouts, freed once.
+    unsafe {
+        split.dealloc(b, big);
+        split.dealloc(s, small);
+        for (p, layout, _) in blocks {
+            MklAllocator.dealloc(p, layout);
+        }
+    }
+    let end = medium();
+    assert_eq!(end.0, start.0, "every medium block went back");
+    assert!(end.1 > start.1, "freed blocks are kept dirty for reuse");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn reallocs_cross_classes_chunks_and_back() {
+    run_alone("reallocs_cross_classes_chunks_and_back_child", &[]);
+}
+
+#[test]
+#[ignore = "run by reallocs_cross_classes_chunks_and_back in a child process"]
+fn reallocs_cross_classes_chunks_and_back_child() {
+    if !medium_here() {
+        return;
+    }
+    block_cache::enable(256 * MIB);
+    let start = medium().0;
+    let steps = [
+        5 * KIB,
+        9 * KIB,
+        9 * KIB + 64,
+        50 * KIB,
+        300 * KIB,
+        3 * MIB,
+        700 * KIB,
+        20 * KIB,
+        2 * KIB,
+        60 * KIB,
+    ];
+    let mut layout = Layout::from_size_align(4 * KIB, 64).unwrap();
+    // SAFETY: a non-zero layout.
+    let mut p = unsafe { MklAllocator.alloc(layout) };
+    // SAFETY: a live block of layout.size() bytes.
+    unsafe { common::fill(p, layout.size(), pattern(7)) };
+    for &n in &steps {
+        // SAFETY: a live block of `layout`, resized to a non-zero size.
+        let q = unsafe { MklAllocator.realloc(p, layout, n) };
+        assert!(!q.is_null());
+        let kept = layout.size().min(n);
+        // SAFETY: q holds at least `n` bytes; the first `kept` were kept.
+        unsafe {
+            common::check(q, kept, pattern(7));
+            common::fill(q, n, pattern(7));
+        }
+        let medium_size = (4 * KIB..MIB - 128).contains(&n);
+        if medium_size {
+            assert!(medium().0 > start, "{n} B after realloc is medium");
+        } else if n >= MIB {
+            assert_eq!(medium().0, start, "{n} B is a chunk: no medium block left");
+        }
+        (p, layout) = (q, Layout::from_size_align(n, 64).unwrap());
+    }
+    // SAFETY: the live block, freed once.
+    unsafe { MklAllocator.dealloc(p, layout) };
+    assert_eq!(medium().0, start);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn zeroed_blocks_read_zero_after_dirty_reuse() {
+    run_alone("zeroed_blocks_read_zero_after_dirty_reuse_child", &[]);
+}
+
+#[test]
+#[ignore = "run by zeroed_blocks_read_zero_after_dirty_reuse in a child process"]
+fn zeroed_blocks_read_zero_after_dirty_reuse_child() {
+    if !medium_here() {
+        return;
+    }
+    block_cache::enable(256 * MIB);
+    for size in [4 * KIB, 48 * KIB, 200 * KIB, 1000 * KIB] {
+        let layout = Layout::from_size_align(size, 64).unwrap();
+        // SAFETY: non-zero layouts; each block freed once, after writing.
+        unsafe {
+            let p = MklAllocator.alloc(layout);
+            p.write_bytes(0xA5, size);
+            MklAllocator.dealloc(p, layout);
+            assert!(medium().1 > 0, "kept dirty");
+            let q = MklAllocator.alloc_zeroed(layout);
+            assert_eq!(q, p, "{size} B: the dirty block is reused");
+            assert!(std::slice::from_raw_parts(q, size).iter().all(|&b| b == 0));
+            // And a clean one (given back) reads zero too.
+            q.write_bytes(0x5A, size);
+            MklAllocator.dealloc(q, layout);
+            manager::free_buffers();
+            assert_eq!(medium().1, 0);
+            let r = MklAllocator.alloc_zeroed(layout);
+            assert!(std::slice::from_raw_parts(r, size).iter().all(|&b| b == 0));
+            MklAllocator.dealloc(r, layout);
+        }
+    }
+}
+
+/// Issue 42's case: ~256 MiB of 48 KiB blocks, a small live `Box` of the
+/// system allocator's between each two, all blocks freed. With medium
+/// blocks the resident set comes back down after the decay time and one
+/// allocation; with `MKL_ALLOC_MEDIUM=off` (glibc beneath MKL, as before)
+/// it stays up, and the medium figures stay 0.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(not(target_os = "linux"), ignore = "reads /proc/self/statm")]
+fn freed_blocks_go_back_to_the_kernel_after_the_decay() {
+    // The decay point after the pause: a chunk's allocation, then a medium
+    // block's.
+    run_alone("retention_child", &[("MEDIUM_EXPECT", "released")]);
+    run_alone(
+        "retention_child",
+        &[("MEDIUM_EXPECT", "released"), ("MEDIUM_TRIGGER", "medium")],
+    );
+    run_alone(
+        "retention_child",
+        &[("MEDIUM_EXPECT", "retained"), ("MKL_ALLOC_MEDIUM", "off")],
+    );
+}
+
+#[test]
+#[ignore = "run by freed_blocks_go_back_to_the_kernel_after_the_decay in a child process"]
+fn retention_child() {
+    let released = std::env::var("MEDIUM_EXPECT").unwrap() == "released";
+    manager::init();
+    if released && !medium_here() {
+        return;
+    }
+    block_cache::enable(512 * MIB);
+    block_cache::set_decay_ms(50);
+    let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
+    let n = 256 * MIB / layout.size();
+    let mut blocks = Vec::with_capacity(n);
+    let mut boxes = Vec::with_capacity(n);
+    let before = rss();
+    for i in 0..n {
+        // SAFETY: a non-zero layout; every page written.
+        let p = unsafe { MklAllocator.alloc(layout) };
+        assert!(!p.is_null());
+        // SAFETY: a live block of layout.size() bytes.
+        unsafe { p.write_bytes(i as u8 | 1, layout.size()) };
+        blocks.push(p);
+        boxes.push(Box::new([i as u8; 32]));
+    }
+    let full = rss();
+    assert!(full > before + 240 * MIB, "{before} -> {full}");
+    for p in blocks {
+        // SAFETY: live blocks, freed once.
+        unsafe { MklAllocator.dealloc(p, layout) };
+    }
+    let freed = medium();
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    // One allocation after the pause: a chunk's (the block cache's decay
+    // point), or with MEDIUM_TRIGGER=medium a medium block's (its own).
+    let medium_trigger = std::env::var_os("MEDIUM_TRIGGER").is_some_and(|v| v == "medium");
+    let big = Layout::from_size_align(if medium_trigger { 64 * KIB } else { 2 * MIB }, 64).unwrap();
+    // SAFETY: a non-zero layout, freed once.
+    unsafe { MklAllocator.dealloc(MklAllocator.alloc(big), big) };
+    let after = rss();
+    let end = medium();
+    eprintln!(
+        "RSS before {} MiB, full {} MiB, after {} MiB; medium (live, dirty, clean) freed {freed:?}, end {end:?}",
+        before >> 20,
+        full >> 20,
+        after >> 20
+    );
+    std::hint::black_box(&boxes);
+    if released {
+        assert!(freed.1 >= 240 * MIB as u64, "kept dirty first: {freed:?}");
+        assert!(after < before + 8 * MIB, "{before} -> {after}");
+        // Nothing dirty but, with the medium trigger, its own block.
+        assert!(end.1 <= 128 * KIB as u64, "{end:?}");
+        assert!(end.2 >= 240 * MIB as u64);
+    } else {
+        assert_eq!((freed, end), ((0, 0, 0), (0, 0, 0)));
+        assert!(
+            after > before + 128 * MIB,
+            "glibc kept it: {before} -> {after}"
+        );
+    }
+}
+
+/// `MKL_ALLOC_MEDIUM` is one of the crate's switches: `off` keeps medium
+/// requests on the previous functions, any other value keeps it on.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn the_switch_turns_medium_blocks_off() {
+    run_alone("switch_child", &[("MEDIUM_EXPECT", "on")]);
+    run_alone(
+        "switch_child",
+        &[("MEDIUM_EXPECT", "off"), ("MKL_ALLOC_MEDIUM", "off")],
+    );
+    run_alone(
+        "switch_child",
+        &[("MEDIUM_EXPECT", "on"), ("MKL_ALLOC_MEDIUM", "bogus")],
+    );
+}
+
+#[test]
+#[ignore = "run by the_switch_turns_medium_blocks_off in a child process"]
+fn switch_child() {
+    let on = std::env::var("MEDIUM_EXPECT").unwrap() == "on";
+    if !medium_here() {
+        return;
+    }
+    let layout = Layout::from_size_align(16 * KIB, 64).unwrap();
+    // SAFETY: a non-zero layout, freed once.
+    let p = unsafe { MklAllocator.alloc(layout) };
+    assert_eq!(medium().0 > 0, on);
+    // SAFETY: as above.
+    unsafe { MklAllocator.dealloc(p, layout) };
+}
+
+/// Windows keeps the previous functions below 1 MiB (no region there).
+#[test]
+#[cfg(windows)]
+fn windows_keeps_the_previous_functions() {
+    let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
+    // SAFETY: a non-zero layout, freed once.
+    unsafe {
+        let p = MklAllocator.alloc(layout);
+        assert!(!p.is_null());
+        assert_eq!(medium(), (0, 0, 0));
+        MklAllocator.dealloc(p, layout);
+    }
+}
+
+/// Not a check: prints what a malloc/free pair of 48 KiB through
+/// `MklAllocator` costs, and a churn of medium blocks (a window of 1,000
+/// live blocks, log-uniform 4 KiB-1 MiB, first byte of each page written).
+/// Run in release, with and without `MKL_ALLOC_MEDIUM=off`:
+/// `cargo test --release --test medium -- --ignored --exact timing --nocapture`.
+/// This thread's CPU time (ns): the machine may be shared.
+#[cfg(unix)]
+fn cpu_ns() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
+}
+
+#[test]
+#[cfg(unix)]
+#[ignore = "a measurement, run by hand"]
+fn timing() {
+    manager::init();
+    let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
+    let rounds = 1_000_000;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = cpu_ns();
+        for i in 0..rounds {
+            // SAFETY: a non-zero layout, freed once.
+            unsafe {
+                let p = MklAllocator.alloc(layout);
+                p.write(i as u8);
+                MklAllocator.dealloc(std::hint::black_box(p), layout);
+            }
+        }
+        best = best.min((cpu_ns() - t) / rounds as f64);
+    }
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut window: Vec<(*mut u8, Layout)> = Vec::new();
+    let ops = 200_000;
+    let t = cpu_ns();
+    for _ in 0..ops {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // log-uniform in [4 KiB, 1 MiB): 2^(12 + 8u)
+        let size = (4096.0 * 2f64.powf(8.0 * (x >> 11) as f64 / (1u64 << 53) as f64)) as usize;
+        let layout = Layout::from_size_align(size.min(MIB - 256), 64).unwrap();
+        // SAFETY: a non-zero layout; every block freed once.
+        unsafe {
+            let p = MklAllocator.alloc(layout);
+            for off in (0..layout.size()).step_by(4096) {
+                p.add(off).write(1);
+            }
+            if window.len() < 1000 {
+                window.push((p, layout));
+            } else {
+                let i = (x % 1000) as usize;
+                let (q, l) = std::mem::replace(&mut window[i], (p, layout));
+                MklAllocator.dealloc(q, l);
+            }
+        }
+    }
+    let churn = (cpu_ns() - t) / ops as f64;
+    for (p, l) in window {
+        // SAFETY: live blocks, freed once.
+        unsafe { MklAllocator.dealloc(p, l) };
+    }
+    eprintln!(
+        "MKL_ALLOC_MEDIUM={:?}: 48 KiB malloc+free pair {best:.1} ns CPU (best of 5 x 1M); churn {churn:.0} ns CPU/op; medium {:?}; RSS {} MiB",
+        std::env::var("MKL_ALLOC_MEDIUM").ok(),
+        medium(),
+        rss() >> 20
+    );
+}
+
+/// A `fork` while another thread gives medium blocks back (outside MKL,
+/// holding a class's lock for a moment at a time) leaves the child every
+/// class unlocked: each child allocates from those classes and exits, under
+/// a watchdog (a class lock copied held would hang it).
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(not(target_os = "linux"), ignore = "fork")]
+fn a_fork_while_blocks_decay_finds_the_classes_unlocked() {
+    run_alone("fork_child", &[]);
+}
+
+#[test]
+#[ignore = "run by a_fork_while_blocks_decay_finds_the_classes_unlocked in a child process"]
+#[cfg(target_os = "linux")]
+fn fork_child() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    if !medium_here() {
+        return;
+    }
+    block_cache::enable(256 * MIB);
+    static STOP: AtomicBool = AtomicBool::new(false);
+    let layouts: Vec<Layout> = [8 * KIB, 48 * KIB, 200 * KIB]
+        .iter()
+        .map(|&s| Layout::from_size_align(s, 64).unwrap())
+        .collect();
+    let churn = {
+        let layouts = layouts.clone();
+        std::thread::spawn(move || {
+            while !STOP.load(Relaxed) {
+                for &l in &layouts {
+                    // SAFETY: non-zero layouts, each block freed once.
+                    unsafe {
+                        let ps: Vec<*mut u8> = (0..32).map(|_| MklAllocator.alloc(l)).collect();
+                        for p in ps {
+                            MklAllocator.dealloc(p, l);
+                        }
+                    }
+                }
+                // Gives every dirty block back: class locks taken outside MKL.
+                manager::free_buffers();
+            }
+        })
+    };
+    for _ in 0..60 {
+        std::thread::sleep(std::time::Duration::from_micros(300));
+        // SAFETY: the child only allocates, frees and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            for &l in &layouts {
+                // SAFETY: non-zero layouts, freed once.
+                unsafe { MklAllocator.dealloc(MklAllocator.alloc(l), l) };
+            }
+            manager::free_buffers();
+            // SAFETY: leaves the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            // SAFETY: waits for our own child, without blocking.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: our own child, stuck.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("a forked child hung");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+    STOP.store(true, Relaxed);
+    churn.join().unwrap();
+}
