@@ -5,10 +5,12 @@ aligned to any power of two up to 2**30) that exports itself through the
 buffer protocol (``memoryview``, ``np.frombuffer``, ``np.asarray``) and
 DLPack (``np.from_dlpack``), and counts its live exports so that
 ``realloc`` is refused (``BufferError``) while any of them lives. It takes
-mkl-service's constructor forms, ``MKLMemory(nbytes)``,
-``MKLMemory(num, size)`` (zeroed) and ``MKLMemory(other)`` (a copy), plus a
-copy of any buffer, all with a keyword-only ``alignment=64``; and
-mkl-service's ``realloc`` reference check (``refcheck=True``). It is built on the Rust crate mkl-alloc's
+the constructor forms of the ``MKLMemory`` proposed for mkl-service (a pull
+request never released: mkl-service 2.8.0 has no such class),
+``MKLMemory(nbytes)``, ``MKLMemory(num, size)`` (zeroed) and
+``MKLMemory(other)`` (a copy), plus a copy of any buffer, all with a
+keyword-only ``alignment=64``; and that proposal's ``realloc`` reference
+check (``refcheck=True``). It is built on the Rust crate mkl-alloc's
 ``SharedMklVec``, whose one-word view/resize protocol is checked by loom,
 so the count and the realloc cannot race, with or without the GIL.
 
@@ -39,10 +41,24 @@ Windows has no fork, so neither is done there.
 ``numpy_handler``, ``set_numpy_handler``, ``numpy_memory`` and
 ``is_mkl_array`` put the data of the arrays NumPy itself allocates on MKL
 memory (a NEP 49 data-memory handler); see their docstrings.
+
+The settings the environment gives at import (the block cache's budget,
+the huge-page threshold) and the cache's decay time are read with
+``settings()`` and changed at run time with ``configure()``, with the
+variables' rules; ``show_config()`` (``python -m mkl_alloc``) reports them
+and where each came from.
+
+The import starts the crate's background decay thread unless
+``MKL_ALLOC_BACKGROUND=off``: cached memory unused for the decay time is
+given back to the system even while the process allocates nothing (an idle
+worker, a notebook between cells). ``background_stop()``,
+``background_start()`` and ``background_running()`` control it at run time;
+a child made by ``os.fork()`` starts its own.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, SupportsIndex, TypeVar, overload
 
@@ -110,6 +126,13 @@ def _add_mkl_dll_directories() -> list[Any]:
 if sys.platform == "win32":
     _mkl_dll_directories = _add_mkl_dll_directories()
 
+# The MKL_ALLOC_* variables as the crate reads them: the extension's setup
+# (its ELF constructor, and the import below) reads the process environment,
+# which os.environ's changes made before this import reach (putenv). Later
+# changes reach nothing (configure() changes the settings at run time):
+# show_config() reports these values.
+_ENV_AT_IMPORT = {k: v for k, v in os.environ.items() if k.startswith("MKL_ALLOC_")}
+
 try:
     from . import _native
 except ImportError as _e:
@@ -119,7 +142,8 @@ except ImportError as _e:
     from . import _native
 
 from ._native import MAX_ALIGNMENT, MKLMemory, SizeOverflowError, backing, free_buffers, peak_mem_usage
-from ._native import _mem_stat
+from ._native import _background_start, _background_stop, _configure, _mem_stat, _mkl_info, _settings
+from ._native import background_running
 
 __all__ = [
     "MKLMemory",
@@ -134,9 +158,79 @@ __all__ = [
     "set_numpy_handler",
     "numpy_memory",
     "is_mkl_array",
+    "show_config",
+    "Settings",
+    "settings",
+    "configure",
+    "background_start",
+    "background_stop",
+    "background_running",
 ]
 
 __version__ = "0.1.0"
+
+# --- MKL_ALLOC_* variables ---------------------------------------------------
+
+# What the package reads at run time (the crate's setup: docs/tuning.md,
+# "Environment variables").
+_RUNTIME_ENV = (
+    "MKL_ALLOC_BACKING",
+    "MKL_ALLOC_BLOCK_CACHE",
+    "MKL_ALLOC_HUGE_PAGES",
+    "MKL_ALLOC_BACKGROUND",
+    "MKL_ALLOC_MEDIUM",
+)
+# Read elsewhere, never by the installed package: the crate's build script
+# (docs/linking.md), its benches, examples and tests, the scripts, and this
+# package's tests (the NumPy-suite plugin, the Dask tests). Known, so that a
+# shell that exports them for those is not warned about.
+# tests/test_show_config.py checks that every name in docs/tuning.md and in
+# the Python and shell sources is here.
+_OTHER_ENV = (
+    "MKL_ALLOC_CACHE",
+    "MKL_ALLOC_NO_DOWNLOAD",
+    "MKL_ALLOC_BENCH_LONG",
+    "MKL_ALLOC_TEST_SCALE",
+    "MKL_ALLOC_MIRI_MODE",
+    "MKL_ALLOC_SUITE_HANDLER",
+    "MKL_ALLOC_SUITE_ALIGNMENT",
+    "MKL_ALLOC_FORKS",
+    "MKL_ALLOC_FORK_COUNT_ALL",
+    "MKL_ALLOC_FORK_DEADLINE_MS",
+    "MKL_ALLOC_STRESS_OPS",
+    "MKL_ALLOC_STRESS_GENERATIONS",
+    "MKL_ALLOC_STRESS_READS",
+    "MKL_ALLOC_WINE_DLLS",
+    "MKL_ALLOC_WINEDEBUG",
+    "MKL_ALLOC_REQUIRE_DASK",
+)
+
+
+def _unknown_env() -> list[str]:
+    """The MKL_ALLOC_* names set at import that nothing of mkl-alloc reads."""
+    known = set(_RUNTIME_ENV) | set(_OTHER_ENV)
+    return sorted(k for k in _ENV_AT_IMPORT if k not in known)
+
+
+def _warn_unknown_env() -> None:
+    """Warns, once (at import), about each MKL_ALLOC_* variable that
+    nothing reads: most likely a misspelt name, whose setting is then
+    silently not in force."""
+    import difflib
+    import warnings
+
+    for name in _unknown_env():
+        close = difflib.get_close_matches(name, _RUNTIME_ENV + _OTHER_ENV, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        warnings.warn(
+            f"mkl_alloc: the environment variable {name} is not one mkl-alloc reads, "
+            f"so it has no effect{hint}; at run time it reads {', '.join(_RUNTIME_ENV)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_warn_unknown_env()
 
 
 class _MklCounts(NamedTuple):
@@ -165,6 +259,10 @@ class _MemStat(_MklCounts):
       for (a block grown onto a larger cached chunk keeps the rest for its
       next growth), bounded with the cache by the one budget; what the
       crate keeps beneath MKL is ``cached_bytes + slack_bytes``;
+    - ``medium_dirty_bytes``, ``medium_clean_bytes``: freed medium blocks
+      (4 KiB to 1 MiB beneath MKL, Linux) kept resident for reuse under the
+      same budget, and those given back to the kernel after the decay time
+      (address space only); live medium blocks are in MKL's count;
     - ``live_bytes``, ``live_buffers``: the memory the program holds, MKL's
       count (the same as ``allocated_*``; kept for code that read them when
       MKL's count included the cache). Both count the small blocks (up to
@@ -180,7 +278,7 @@ class _MemStat(_MklCounts):
     # in an instance made without __new__ (namedtuple's _make, as
     # _make([bytes, buffers])).
     __slots__ = ()
-    _cached: tuple[int, int, int] = (0, 0, 0)
+    _cached: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
     def __new__(
         cls,
@@ -189,9 +287,15 @@ class _MemStat(_MklCounts):
         cached_bytes: int = 0,
         cached_buffers: int = 0,
         slack_bytes: int = 0,
+        medium_dirty_bytes: int = 0,
+        medium_clean_bytes: int = 0,
     ) -> Self:
         self = super().__new__(cls, allocated_bytes, allocated_buffers)
-        object.__setattr__(self, "_cached", (cached_bytes, cached_buffers, slack_bytes))
+        object.__setattr__(
+            self,
+            "_cached",
+            (cached_bytes, cached_buffers, slack_bytes, medium_dirty_bytes, medium_clean_bytes),
+        )
         return self
 
     @property
@@ -208,6 +312,16 @@ class _MemStat(_MklCounts):
     def slack_bytes(self) -> int:
         """Bytes live chunks keep beyond what MKL asked for (growth slack, not in MKL's count)."""
         return self._cached[2]
+
+    @property
+    def medium_dirty_bytes(self) -> int:
+        """Bytes of freed medium blocks kept resident for reuse (not in MKL's count)."""
+        return self._cached[3]
+
+    @property
+    def medium_clean_bytes(self) -> int:
+        """Bytes of freed medium blocks given back to the kernel (address space only)."""
+        return self._cached[4]
 
     @property
     def live_bytes(self) -> int:
@@ -230,20 +344,23 @@ class _MemStat(_MklCounts):
             f"MemStat(allocated_bytes={self.allocated_bytes}, "
             f"allocated_buffers={self.allocated_buffers}, "
             f"cached_bytes={self.cached_bytes}, cached_buffers={self.cached_buffers}, "
-            f"slack_bytes={self.slack_bytes})"
+            f"slack_bytes={self.slack_bytes}, medium_dirty_bytes={self.medium_dirty_bytes}, "
+            f"medium_clean_bytes={self.medium_clean_bytes})"
         )
 
-    def __reduce__(self) -> tuple[type[Self], tuple[int, int, int, int, int]]:
+    def __reduce__(self) -> tuple[type[Self], tuple[int, int, int, int, int, int, int]]:
         return (type(self), (*self, *self._cached))
 
     def _replace(self, **changes: Any) -> Self:
-        """A copy with some of the five counts changed."""
+        """A copy with some of the seven counts changed."""
         fields = {
             "allocated_bytes": self.allocated_bytes,
             "allocated_buffers": self.allocated_buffers,
             "cached_bytes": self.cached_bytes,
             "cached_buffers": self.cached_buffers,
             "slack_bytes": self.slack_bytes,
+            "medium_dirty_bytes": self.medium_dirty_bytes,
+            "medium_clean_bytes": self.medium_clean_bytes,
         }
         unknown = changes.keys() - fields.keys()
         if unknown:
@@ -284,15 +401,25 @@ else:
 
 def mem_stat() -> MemStat:
     """mem_stat() -> MemStat(allocated_bytes, allocated_buffers), with
-    ``cached_bytes``, ``cached_buffers``, ``live_bytes``, ``live_buffers``
+    ``cached_bytes``, ``cached_buffers``, ``slack_bytes``,
+    ``medium_dirty_bytes``, ``medium_clean_bytes``, ``live_bytes``,
+    ``live_buffers``
 
-    Bytes and blocks MKL's memory manager has allocated right now
-    (``MKL_Mem_Stat``), including every ``MKLMemory``'s block and the freed
-    blocks the block cache keeps for reuse, which ``cached_bytes`` and
-    ``cached_buffers`` count apart. **The memory the program holds is
-    ``live_bytes``** (``allocated_bytes - cached_bytes``). The tuple is the
-    same two numbers as mkl-service's ``mkl.mem_stat()``, which returns them
-    as a dict with these keys. See ``MemStat``.
+    Bytes and blocks MKL's memory manager has allocated right now and not
+    freed (``MKL_Mem_Stat``: each live block's size plus MKL's header and
+    alignment padding), every ``MKLMemory``'s block and every array under
+    the NumPy handler included. Freed blocks are not in it: those of 1 MiB
+    or more that the block cache keeps beneath MKL for reuse are counted
+    apart, in ``cached_bytes`` and ``cached_buffers`` (at the chunks' true
+    sizes), and what live chunks keep beyond their size for growth in
+    ``slack_bytes``. **The memory the program holds is ``allocated_bytes``**
+    (``live_bytes`` is the same number); what the package keeps besides is
+    ``cached_bytes + slack_bytes + medium_dirty_bytes`` (freed medium
+    blocks kept for reuse; ``medium_clean_bytes`` were given back). So ``allocated_bytes`` may be 0 while
+    ``cached_bytes`` is not (every block freed, the cache still holding
+    them). The tuple is the same two numbers as mkl-service's
+    ``mkl.mem_stat()``, which returns them as a dict with these keys. See
+    ``MemStat``.
     """
     return MemStat(*_mem_stat())
 
@@ -399,3 +526,428 @@ def is_mkl_array(a: object) -> bool:
         else:
             return _native._is_mkl_dlpack(obj)
     return False
+
+
+# --- The report: show_config() and `python -m mkl_alloc` ---------------------
+
+_INTERFACE_LAYERS = {0: "LP64", 1: "ILP64", 2: "GNU LP64", 3: "GNU ILP64"}
+_THREADING_LAYERS = {0: "intel", 1: "sequential", 2: "pgi", 3: "gnu", 4: "tbb"}
+
+
+def _parse_env_size(value: str | None, on: int) -> int | None:
+    """A size setting as the crate parses it (``src/env.rs``): unset,
+    empty or ``on`` (any case) is ``on``, ``off`` or ``0`` is None (off), a
+    decimal byte count is itself; anything else raises ValueError (the crate
+    then keeps the default, with a line on stderr)."""
+    if value is None or value == "" or value.lower() == "on":
+        return on
+    if value.lower() == "off":
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(value)
+    n = int(value)
+    return n if n > 0 else None
+
+
+def _size_setting(name: str, in_force: int | None, default: int, program: bool) -> dict[str, Any]:
+    """One size setting: the value in force and where it came from
+    (``program``: the crate says the program set it, with ``configure()``
+    or the crate's setters)."""
+    raw = _ENV_AT_IMPORT.get(name)
+    try:
+        from_env = _parse_env_size(raw, default)
+        understood = True
+    except ValueError:
+        from_env, understood = default, False
+    if raw is None:
+        source = "default"
+    elif not understood:
+        source = f"default ({name}={raw!r} is not off, on or a byte count, so it was ignored)"
+    else:
+        source = f"environment ({name}={raw!r})"
+    if program or in_force != from_env:
+        source = "set by the program"
+    return {"value": in_force, "default": default, "source": source, "variable": name}
+
+
+def _backing_setting(state: str) -> dict[str, Any]:
+    """MKL_ALLOC_BACKING: the switch, where it came from, and why the
+    backing is in ``state``."""
+    raw = _ENV_AT_IMPORT.get("MKL_ALLOC_BACKING")
+    if raw is None:
+        value, source = "on", "default"
+    elif raw == "" or raw.lower() == "on":
+        value, source = "on", f"environment (MKL_ALLOC_BACKING={raw!r})"
+    elif raw.lower() in ("off", "0"):
+        value, source = "off", f"environment (MKL_ALLOC_BACKING={raw!r})"
+    else:
+        value = "on"
+        source = f"default (MKL_ALLOC_BACKING={raw!r} is not on or off, so it was ignored)"
+    why = {
+        "active": "MKL's memory functions (i_malloc & co.) are the crate's: MKL's blocks of "
+        "1 MiB or more are its chunks (block cache, huge pages, mremap growth)",
+        "mkl-ran-first": "something called MKL before mkl_alloc was imported, so MKL kept the "
+        "C runtime's memory functions: no block cache, no huge pages for MKL's blocks; "
+        "import mkl_alloc before anything that calls MKL",
+        "unset": "the crate's setup has not run",
+    }.get(state, "")
+    if state == "off":
+        if value == "off":
+            why = "MKL_ALLOC_BACKING=off: MKL runs on the C runtime's memory, by choice"
+        elif sys.platform == "win32":
+            why = "no chunks on Windows yet: MKL runs on the C runtime's memory"
+        else:
+            why = "MKL runs on the C runtime's memory"
+    return {"value": value, "source": source, "variable": "MKL_ALLOC_BACKING", "why": why}
+
+
+def _mkl_library() -> str | None:
+    """The path of the libmkl_rt this process loaded (Linux: from
+    /proc/self/maps), or None where it cannot be told."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip()
+                if os.path.basename(path).startswith("libmkl_rt"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _config() -> dict[str, Any]:
+    """The report's contents, as plain data (``show_config(mode="dicts")``)."""
+    import importlib.metadata
+
+    version, interface, threading, threads = _mkl_info()
+    try:
+        wheel: str | None = importlib.metadata.version("mkl")
+    except importlib.metadata.PackageNotFoundError:
+        wheel = None
+    settings = _settings()
+    state = backing()
+    stat = mem_stat()
+    return {
+        "mkl_alloc": {
+            "version": __version__,
+            "path": os.path.dirname(os.path.abspath(__file__)),
+            "python": sys.version.split()[0],
+            "platform": sys.platform,
+        },
+        "mkl": {
+            "version": version,
+            "wheel": wheel,
+            "library": _mkl_library(),
+            "interface_layer": _INTERFACE_LAYERS.get(interface),
+            "threading_layer": _THREADING_LAYERS.get(threading),
+            "max_threads": threads,
+            "fast_mm_disabled": settings["fast_mm_disabled"]
+            or os.environ.get("MKL_DISABLE_FAST_MM") == "1",
+        },
+        "backing": {"state": state, **_backing_setting(state)},
+        "block_cache": {
+            "budget": _size_setting(
+                "MKL_ALLOC_BLOCK_CACHE",
+                settings["block_cache_budget"],
+                settings["block_cache_default_budget"],
+                settings["block_cache_source"] == "program",
+            ),
+            "decay_ms": {
+                "value": settings["block_cache_decay_ms"],
+                "default": settings["block_cache_default_decay_ms"],
+                "source": "set by the program"
+                if settings["block_cache_decay_source"] == "program"
+                else "default",
+            },
+        },
+        "huge_pages": {
+            "threshold": _size_setting(
+                "MKL_ALLOC_HUGE_PAGES",
+                settings["huge_pages_threshold"],
+                settings["huge_pages_default_threshold"],
+                settings["huge_pages_source"] == "program",
+            ),
+            "kernel": settings["huge_pages_kernel"],
+            "unavailable": settings["huge_pages_unavailable"],
+            "advised_bytes": settings["huge_pages_advised_bytes"],
+        },
+        "background": _background_setting(),
+        "mem_stat": {
+            "allocated_bytes": stat.allocated_bytes,
+            "allocated_buffers": stat.allocated_buffers,
+            "cached_bytes": stat.cached_bytes,
+            "cached_buffers": stat.cached_buffers,
+            "slack_bytes": stat.slack_bytes,
+            "medium_dirty_bytes": stat.medium_dirty_bytes,
+            "medium_clean_bytes": stat.medium_clean_bytes,
+        },
+        "environment": {
+            "read_at_import": dict(sorted(_ENV_AT_IMPORT.items())),
+            "unknown": _unknown_env(),
+        },
+    }
+
+
+def _bytes(n: int | None) -> str:
+    """``n`` bytes for a person: the exact count and a binary unit."""
+    if n is None:
+        return "off"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n:,} bytes ({n / (1 << shift):.1f} {unit})"
+    return f"{n:,} bytes"
+
+
+def _text(c: dict[str, Any]) -> str:
+    """The report as one screen of plain text."""
+    mkl, b, bc, hp, ms = c["mkl"], c["backing"], c["block_cache"], c["huge_pages"], c["mem_stat"]
+    lines = [
+        f"mkl_alloc {c['mkl_alloc']['version']} (Python {c['mkl_alloc']['python']}, "
+        f"{c['mkl_alloc']['path']})",
+        "",
+        "MKL",
+        f"  version            {mkl['version']}",
+        f"  mkl wheel          {mkl['wheel'] or 'not installed as a distribution'}",
+        f"  library            {mkl['library'] or 'unknown'}",
+        f"  interface layer    {mkl['interface_layer'] or 'not reported'}",
+        f"  threading layer    {mkl['threading_layer'] or 'not reported'}, "
+        f"max {mkl['max_threads']} threads",
+        f"  fast memory mgr    {'off' if mkl['fast_mm_disabled'] else 'on'}",
+        "",
+        "Backing (MKL's memory from mkl-alloc's chunks)",
+        f"  state              {b['state']}: {b['why']}",
+        f"  MKL_ALLOC_BACKING  {b['value']}  [{b['source']}]",
+        "",
+        "Settings in force  [where each came from]",
+        f"  block cache budget {_bytes(bc['budget']['value'])}  [{bc['budget']['source']}]",
+        f"  block cache decay  {bc['decay_ms']['value']} ms  [{bc['decay_ms']['source']}]",
+        f"  huge pages from    {_bytes(hp['threshold']['value'])}  [{hp['threshold']['source']}]",
+        f"  huge pages kernel  {hp['kernel']}"
+        + (f": {hp['unavailable']}" if hp["unavailable"] else ""),
+        f"  background decay   {'on' if c['background']['running'] else 'off'}  "
+        f"[{c['background']['source']}]",
+        "",
+        "Figures (mem_stat())",
+        f"  allocated (live)   {_bytes(ms['allocated_bytes'])} in {ms['allocated_buffers']:,} blocks",
+        f"  cached beneath MKL {_bytes(ms['cached_bytes'])} in {ms['cached_buffers']:,} chunks",
+        f"  growth slack       {_bytes(ms['slack_bytes'])}",
+        f"  huge-page advised  {_bytes(hp['advised_bytes'])} so far",
+    ]
+    env = c["environment"]
+    if env["read_at_import"]:
+        lines += ["", "MKL_ALLOC_* at import"]
+        lines += [f"  {k}={v!r}" for k, v in env["read_at_import"].items()]
+    if env["unknown"]:
+        lines.append(f"  unknown, ignored: {', '.join(env['unknown'])}")
+    return "\n".join(lines)
+
+
+@overload
+def show_config(mode: Literal["stdout"] = "stdout") -> None: ...
+@overload
+def show_config(mode: Literal["dicts"]) -> dict[str, Any]: ...
+def show_config(mode: Literal["stdout", "dicts"] = "stdout") -> dict[str, Any] | None:
+    """show_config(mode="stdout") -> None, or the report as a dict
+
+    What this process's mkl_alloc runs on, as ``numpy.show_config()``
+    reports NumPy's build: the package's version, MKL's (its version string,
+    interface and threading layers, threads, whether its own caches are
+    off), the backing's state and why (``backing()``), the settings in
+    force, the block cache's budget and decay, the huge-page threshold, each
+    with where it came from (its ``MKL_ALLOC_*`` variable, the default, or
+    the program: "set by the program" once ``configure()`` set it, even to
+    the same value), and the figures (``mem_stat()``). ``mode="stdout"``
+    prints one screen of text; ``mode="dicts"`` returns the same as a dict
+    of plain values (what ``python -m mkl_alloc --json`` prints). Calling
+    it calls MKL (its version and layers), nothing else changes.
+    """
+    if mode == "dicts":
+        return _config()
+    if mode != "stdout":
+        raise ValueError(f"show_config(mode={mode!r}): mode must be 'stdout' or 'dicts'")
+    print(_text(_config()))
+    return None
+
+
+# --- settings at run time ------------------------------------------------------
+
+
+class Settings(NamedTuple):
+    """The settings ``configure()`` sets, in force: what ``settings()``
+    returns, and ``configure()`` returns from before its call, so that
+    ``configure(**previous._asdict())`` puts them back.
+
+    - ``block_cache``: the block cache's budget in bytes, or ``None``
+      while the cache is off (``MKL_ALLOC_BLOCK_CACHE``);
+    - ``huge_pages``: the huge-page threshold in bytes (chunks at least
+      this large are advised ``MADV_HUGEPAGE``), or ``None`` while off
+      (``MKL_ALLOC_HUGE_PAGES``);
+    - ``decay_ms``: how long a cached chunk may stay unused before it is
+      unmapped, in milliseconds.
+    """
+
+    block_cache: int | None
+    huge_pages: int | None
+    decay_ms: int
+
+
+def settings() -> Settings:
+    """settings() -> Settings(block_cache, huge_pages, decay_ms)
+
+    The block cache's budget (bytes, ``None`` while off), the huge-page
+    threshold (bytes, ``None`` while off) and the cache's decay time (ms)
+    in force now, whether they came from the environment, the defaults or
+    ``configure()``; ``show_config()`` says which.
+    """
+    s = _settings()
+    return Settings(s["block_cache_budget"], s["huge_pages_threshold"], s["block_cache_decay_ms"])
+
+
+_UNCHANGED: Any = object()
+
+
+def configure(
+    *,
+    block_cache: SupportsIndex | str | None = _UNCHANGED,
+    huge_pages: SupportsIndex | str | None = _UNCHANGED,
+    decay_ms: SupportsIndex = _UNCHANGED,
+) -> Settings:
+    """configure(*, block_cache=..., huge_pages=..., decay_ms=...) -> Settings
+
+    Sets the crate's settings at run time, the ones the environment sets at
+    import, and returns those in force before the call (``settings()``), so
+    ``previous = configure(...)`` then ``configure(**previous._asdict())``
+    restores them. Only the keywords given change. For the whole process,
+    from the next allocation or free on (blocks already allocated keep what
+    they had).
+
+    - ``block_cache``: the block cache's budget, as ``MKL_ALLOC_BLOCK_CACHE``
+      takes it: a byte count (an int, or a string of decimal digits), ``0``,
+      ``"off"``, ``False`` or ``None`` to turn the cache off (which unmaps
+      every cached chunk), ``"on"`` or ``True`` for the default budget (an
+      eighth of the memory the process may use). Strings in any case.
+    - ``huge_pages``: the huge-page threshold, as ``MKL_ALLOC_HUGE_PAGES``
+      takes it: the same forms; ``"on"``/``True`` is 4 MiB, the default.
+    - ``decay_ms``: a cached chunk unused this many milliseconds is unmapped
+      (an int, at least 0; the default is 1000).
+
+    A refused value raises ``ValueError`` (a negative count, a string that
+    is not on, off or a byte count, a count past 2**64 - 1) or ``TypeError``
+    (a float, or another type), naming the call and saying why; every value
+    is checked before any is set, so nothing changes then. Afterwards
+    ``show_config()`` gives each setting set here the source "set by the
+    program".
+
+    >>> import mkl_alloc
+    >>> previous = mkl_alloc.configure(block_cache=256 << 20, decay_ms=5000)
+    >>> mkl_alloc.settings().block_cache
+    268435456
+    >>> _ = mkl_alloc.configure(**previous._asdict())
+    """
+    previous = settings()
+    changes: dict[str, object] = {
+        name: value
+        for name, value in (
+            ("block_cache", block_cache),
+            ("huge_pages", huge_pages),
+            ("decay_ms", decay_ms),
+        )
+        if value is not _UNCHANGED
+    }
+    _configure(changes)
+    return previous
+
+
+# --- the background decay thread -------------------------------------------------
+
+# Whether the program asked for the thread (the import's default, or
+# background_start()) and has not stopped it since: a child made by
+# os.fork() then starts its own. And whether the program itself called
+# background_start()/background_stop() (show_config()'s source).
+_background_wanted = False
+_background_set_by_program = False
+
+
+def background_start() -> None:
+    """background_start() -> None
+
+    Starts mkl-alloc's background decay thread unless it is running
+    (``background_running()``). The import starts it unless
+    ``MKL_ALLOC_BACKGROUND=off``. While it runs, cached memory beneath MKL
+    unused for the decay time (``settings().decay_ms``, 1 s by default) is
+    unmapped within about a quarter of that time, even while the process
+    allocates nothing, and frees do no decay work of their own. A child made
+    by ``os.fork()`` starts its own. Raises ``OSError``, saying why, if the
+    system refuses a new thread (the cache then still decays at the
+    process's allocations and frees).
+
+    >>> import mkl_alloc
+    >>> mkl_alloc.background_start()
+    >>> mkl_alloc.background_running()
+    True
+    """
+    global _background_wanted, _background_set_by_program
+    _background_set_by_program = True
+    _background_start()
+    _background_wanted = True
+
+
+def background_stop() -> None:
+    """background_stop() -> None
+
+    Stops the background decay thread and waits for it to end; nothing to do
+    if it is not running. Cached memory then decays only at the process's
+    own allocations and frees. ``background_start()`` starts it again.
+
+    >>> import mkl_alloc
+    >>> mkl_alloc.background_stop()
+    >>> mkl_alloc.background_running()
+    False
+    >>> mkl_alloc.background_start()
+    """
+    global _background_wanted, _background_set_by_program
+    _background_set_by_program = True
+    _background_wanted = False
+    _background_stop()
+
+
+def _background_setting() -> dict[str, Any]:
+    """MKL_ALLOC_BACKGROUND: whether the thread runs, where that came from."""
+    raw = _ENV_AT_IMPORT.get("MKL_ALLOC_BACKGROUND")
+    if _background_set_by_program:
+        source = "set by the program"
+    elif raw is None or raw == "":
+        source = "default (on in the Python package)"
+    elif raw.lower() in ("on", "off", "0"):
+        source = f"environment (MKL_ALLOC_BACKGROUND={raw!r})"
+    else:
+        source = f"default (MKL_ALLOC_BACKGROUND={raw!r} is not on or off, so it was ignored)"
+    return {
+        "running": background_running(),
+        "source": source,
+        "variable": "MKL_ALLOC_BACKGROUND",
+    }
+
+
+def _background_after_fork_in_child() -> None:
+    """os.fork()'s child: the parent's thread does not exist here; start
+    the child's own if the parent wanted one."""
+    if _background_wanted:
+        try:
+            _background_start()
+        except OSError:
+            pass  # the child decays at its allocations and frees
+
+
+def _background_at_import() -> None:
+    """On unless MKL_ALLOC_BACKGROUND=off (or 0): the package's default."""
+    global _background_wanted
+    if os.environ.get("MKL_ALLOC_BACKGROUND", "").lower() in ("off", "0"):
+        return
+    _background_start()
+    _background_wanted = True
+
+
+_background_at_import()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_background_after_fork_in_child)

@@ -22,6 +22,12 @@ __all__ = [
     "set_numpy_handler",
     "_is_mkl_dlpack",
     "SizeOverflowError",
+    "_settings",
+    "_mkl_info",
+    "_configure",
+    "_background_start",
+    "_background_stop",
+    "background_running",
 ]
 
 MAX_ALIGNMENT: Final[int]
@@ -91,7 +97,7 @@ class MKLMemory:
     def __deepcopy__(self, memo: dict[int, Any]) -> Self: ...
     def __sizeof__(self) -> int: ...
 
-def _mem_stat() -> tuple[int, int, int, int, int]: ...
+def _mem_stat() -> tuple[int, int, int, int, int, int, int]: ...
 def peak_mem_usage(
     mem_const: Literal["enable", "disable", "peak_mem", "peak_mem_reset"],
 ) -> int | None: ...
@@ -104,3 +110,20 @@ def backing() -> Literal["active", "mkl-ran-first", "off", "unset"]:
 def numpy_handler(alignment: int = 64) -> CapsuleType: ...
 def set_numpy_handler(handler: CapsuleType | None) -> CapsuleType: ...
 def _is_mkl_dlpack(obj: object) -> bool: ...
+
+# What mkl_alloc.show_config() reports (python/src/memory_manager.rs).
+def _settings() -> dict[str, Any]: ...
+def _mkl_info() -> tuple[str, int, int, int]: ...
+
+# Behind mkl_alloc.configure(): sets the settings named in `changes`
+# ("block_cache", "huge_pages", "decay_ms"), all checked before any is set.
+def _configure(changes: dict[str, object]) -> None: ...
+
+def _background_start() -> None:
+    """Starts the background decay thread unless it runs; OSError if refused."""
+
+def _background_stop() -> None:
+    """Stops the background decay thread and joins it."""
+
+def background_running() -> bool:
+    """Whether mkl-alloc's background decay thread runs in this process."""

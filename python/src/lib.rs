@@ -6,9 +6,10 @@
 //! |---|---|
 //! | [`mkl_memory`] | `MKLMemory`: MKL memory exported through the buffer protocol and DLPack, with a `realloc` refused while exports live |
 //! | [`dlpack`] | the DLPack capsules `MKLMemory.__dlpack__` returns; `_is_mkl_dlpack` |
-//! | [`memory_manager`] | `_mem_stat` (behind `mkl_alloc.mem_stat`), `peak_mem_usage`, `free_buffers`: MKL's memory manager as mkl-service exposes it; `backing`: whether MKL allocates from the crate's memory |
+//! | [`memory_manager`] | `_mem_stat` (behind `mkl_alloc.mem_stat`), `peak_mem_usage`, `free_buffers`: MKL's memory manager as mkl-service exposes it; `backing`: whether MKL allocates from the crate's memory; `_settings`, `_mkl_info`: what `mkl_alloc.show_config()` reports; `_configure`: `mkl_alloc.configure()`'s settings |
 //! | [`numpy_handler`] | `numpy_handler`, `set_numpy_handler`: NumPy's data on MKL memory (NEP 49) |
 //! | [`fork_gate`] | none: keeps `fork` from landing inside the MKL calls made with the interpreter detached |
+//! | this file | `_background_start`, `_background_stop`, `background_running`: the crate's background decay thread (`mkl_alloc::background`), behind `mkl_alloc.background_start()` & co. |
 //!
 //! The Python part (`mkl_alloc/__init__.py`) wraps these; the stub
 //! `mkl_alloc/_native.pyi` types them.
@@ -54,5 +55,42 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "SizeOverflowError",
         mkl_memory::size_overflow_error(m.py())?,
     )?;
+    m.add_function(wrap_pyfunction!(memory_manager::_settings, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_manager::_mkl_info, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_manager::_configure, m)?)?;
+    m.add_function(wrap_pyfunction!(_background_start, m)?)?;
+    m.add_function(wrap_pyfunction!(_background_stop, m)?)?;
+    m.add_function(wrap_pyfunction!(background_running, m)?)?;
     Ok(())
+}
+
+/// _background_start() -> None: starts the crate's background decay thread
+/// unless it runs (``mkl_alloc::background::start``); raises ``OSError``
+/// saying why if the system refuses a thread. Wrapped by
+/// ``mkl_alloc.background_start``, which the import calls unless
+/// ``MKL_ALLOC_BACKGROUND=off``.
+#[pyfunction]
+fn _background_start(py: Python<'_>) -> PyResult<()> {
+    // Detached: spawning waits for no Python object, and a thread that
+    // forks meanwhile is not kept out by the interpreter's lock.
+    py.detach(mkl_alloc::background::start)
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("mkl_alloc: {e}")))
+}
+
+/// _background_stop() -> None: stops the background decay thread and joins
+/// it (``mkl_alloc::background::stop``); nothing to do if it is not
+/// running. Wrapped by ``mkl_alloc.background_stop``.
+#[pyfunction]
+fn _background_stop(py: Python<'_>) {
+    // Detached: the join waits for the thread's current sweep.
+    py.detach(mkl_alloc::background::stop);
+}
+
+/// background_running() -> bool: whether mkl-alloc's background decay
+/// thread runs in this process. It unmaps cached memory unused for the
+/// decay time (``settings().decay_ms``) without any further allocation;
+/// the package starts it at import unless ``MKL_ALLOC_BACKGROUND=off``.
+#[pyfunction]
+fn background_running() -> bool {
+    mkl_alloc::background::is_running()
 }

@@ -21,13 +21,15 @@ use pyo3::exceptions::{PyBufferError, PyMemoryError, PyRuntimeError, PyTypeError
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyCapsule, PyDict, PyInt, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyCapsule, PyDict, PyInt, PyTuple, PyType};
 
 use crate::{dlpack, fork_gate};
 
 /// MKL-allocated memory exported to Python through the buffer protocol and DLPack.
 ///
-/// mkl-service's constructor forms, with the same meaning:
+/// The constructor forms of the ``MKLMemory`` proposed for mkl-service (a
+/// pull request never released: mkl-service 2.8.0 has no such class), with
+/// the same meaning:
 ///
 /// - ``MKLMemory(nbytes, *, alignment=64)``: ``nbytes`` >= 1 zero bytes;
 /// - ``MKLMemory(num, size, *, alignment=64)``: ``num * size`` zero bytes
@@ -172,6 +174,23 @@ pub(crate) fn alignment_arg(what: &str, value: &Bound<'_, PyAny>) -> PyResult<us
     Err(PyValueError::new_err(format!(
         "{what}(alignment={int}): the alignment {broken}"
     )))
+}
+
+/// The `TypeError` for a keyword argument of the wrong type, naming the
+/// call, the argument, the value and what it must be: `what` is the
+/// callable (`MKLMemory.realloc`), `name` the keyword, `expected` the
+/// accepted values in words.
+fn keyword_type_error(what: &str, name: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    let repr = value
+        .repr()
+        .map_or_else(|_| "...".to_owned(), |r| r.to_string());
+    let ty = value
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+    PyTypeError::new_err(format!(
+        "{what}({name}={repr}): {name} must be {expected}, not {ty}"
+    ))
 }
 
 /// The Python exception for a refused or failed operation on the buffer.
@@ -482,13 +501,28 @@ impl MKLMemory {
     /// ``MemoryError`` if MKL cannot provide the block. On any failure the
     /// pointer, size, alignment and contents are unchanged. The copy runs
     /// without holding the interpreter.
-    #[pyo3(signature = (new_nbytes, *, refcheck = true))]
+    #[pyo3(
+        signature = (
+            new_nbytes,
+            *,
+            refcheck = Python::attach(|py| PyBool::new(py, true).to_owned().into_any().unbind())
+        ),
+        text_signature = "($self, new_nbytes, *, refcheck=True)"
+    )]
     fn realloc(
         slf: &Bound<'_, Self>,
         new_nbytes: &Bound<'_, PyAny>,
-        refcheck: bool,
+        refcheck: Py<PyAny>,
     ) -> PyResult<()> {
         let py = slf.py();
+        // Taken as any object (True when omitted; None is refused, not
+        // taken for the default) and converted here, so that a wrong type
+        // is refused naming the call: PyO3's own message names only the
+        // argument.
+        let refcheck = refcheck.bind(py);
+        let refcheck = refcheck.extract::<bool>().map_err(|_| {
+            keyword_type_error("MKLMemory.realloc", "refcheck", "True or False", refcheck)
+        })?;
         let n = size_arg(new_nbytes, "MKLMemory.realloc(new_nbytes)")?;
         let what = format!("MKLMemory.realloc({n})");
         let vec = &slf.get().vec;
@@ -583,11 +617,39 @@ impl MKLMemory {
     fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
         stream: Option<&Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<&Bound<'py, PyAny>>,
+        copy: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
+        const WHAT: &str = "MKLMemory.__dlpack__";
         let py = slf.py();
+        // Converted here rather than by PyO3, so that a wrong type is
+        // refused naming the call.
+        let max_version = max_version
+            .map(|v| {
+                v.extract::<(u32, u32)>().map_err(|_| {
+                    keyword_type_error(WHAT, "max_version", "a (major, minor) tuple or None", v)
+                })
+            })
+            .transpose()?;
+        let dl_device = dl_device
+            .map(|v| {
+                v.extract::<(i32, i32)>().map_err(|_| {
+                    keyword_type_error(
+                        WHAT,
+                        "dl_device",
+                        "a (device_type, device_id) tuple or None",
+                        v,
+                    )
+                })
+            })
+            .transpose()?;
+        let copy = copy
+            .map(|v| {
+                v.extract::<bool>()
+                    .map_err(|_| keyword_type_error(WHAT, "copy", "True, False or None", v))
+            })
+            .transpose()?;
         if let Some(stream) = stream {
             return Err(PyValueError::new_err(format!(
                 "MKLMemory.__dlpack__(stream={stream}): MKLMemory is CPU memory; stream must be None"

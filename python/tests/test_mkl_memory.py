@@ -7,7 +7,6 @@ import pickle
 import sys
 
 import pytest
-
 from conftest import (
     PyBUF_FULL_RO,
     PyBUF_SIMPLE,
@@ -15,6 +14,8 @@ from conftest import (
     get_buffer,
     release_buffer,
 )
+
+import mkl_alloc
 from mkl_alloc import MAX_ALIGNMENT, MKLMemory
 
 HUGE = 2**62  # fits an int64, no MKL can provide it
@@ -69,6 +70,51 @@ def test_the_largest_alignment_is_honoured():
 def test_alignment_must_be_an_int():
     with pytest.raises(TypeError, match="alignment must be an int, not str"):
         MKLMemory(16, alignment="64")
+
+
+@pytest.mark.parametrize("alignment", [2**31, 2**40, 2**64])
+def test_alignments_past_2_30_are_refused_whatever_the_size(alignment):
+    # Also for the smallest block and the zeroed form: nothing is allocated,
+    # and the message says what was asked and the rule it breaks.
+    before = mkl_alloc.mem_stat()
+    for make in (lambda: MKLMemory(1, alignment=alignment), lambda: MKLMemory(1, 1, alignment=alignment),
+                 lambda: MKLMemory(b"x", alignment=alignment)):
+        with pytest.raises(ValueError, match=rf"MKLMemory\(alignment={alignment}\): the alignment must not exceed 2\*\*30"):
+            make()
+    with pytest.raises(ValueError, match=rf"numpy_handler\(alignment={alignment}\): .*must not exceed 2\*\*30"):
+        mkl_alloc.numpy_handler(alignment)
+    assert mkl_alloc.mem_stat() == before
+
+
+@pytest.mark.parametrize("value", ["no", None, 1.0, [True]])
+def test_realloc_refcheck_of_the_wrong_type_is_a_type_error_naming_the_call(value):
+    m = MKLMemory(16)
+    # None too: the default is True, by omission, and None is not False.
+    with pytest.raises(TypeError) as e:
+        m.realloc(32, refcheck=value)
+    assert str(e.value) == (
+        f"MKLMemory.realloc(refcheck={value!r}): refcheck must be True or False, "
+        f"not {type(value).__name__}"
+    )
+    assert len(m) == 16
+    m.realloc(32, refcheck=False)
+    assert len(m) == 32
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"max_version": "1.0"}, "MKLMemory.__dlpack__(max_version='1.0'): max_version must be a (major, minor) tuple or None, not str"),
+        ({"dl_device": 1}, "MKLMemory.__dlpack__(dl_device=1): dl_device must be a (device_type, device_id) tuple or None, not int"),
+        ({"copy": "yes"}, "MKLMemory.__dlpack__(copy='yes'): copy must be True, False or None, not str"),
+    ],
+)
+def test_dlpack_arguments_of_the_wrong_type_are_type_errors_naming_the_call(kwargs, expected):
+    m = MKLMemory(16)
+    with pytest.raises(TypeError) as e:
+        m.__dlpack__(**kwargs)
+    assert str(e.value) == expected
+    assert m.exports == 0
 
 
 @pytest.mark.parametrize("n", [0, -1, -(2**70)])

@@ -57,7 +57,8 @@ def test_mem_stat_tells_cached_from_live_bytes():
     assert repr(s) == (
         f"MemStat(allocated_bytes={s[0]}, allocated_buffers={s[1]}, "
         f"cached_bytes={s.cached_bytes}, cached_buffers={s.cached_buffers}, "
-        f"slack_bytes={s.slack_bytes})"
+        f"slack_bytes={s.slack_bytes}, medium_dirty_bytes={s.medium_dirty_bytes}, "
+        f"medium_clean_bytes={s.medium_clean_bytes})"
     )
     mkl_alloc.free_buffers()
 
@@ -67,6 +68,11 @@ def test_mem_stat_is_a_read_only_record_that_copies_whole():
     assert len(s) == 2 and tuple(s) == (100, 3) and s == (100, 3)
     assert (s.cached_bytes, s.cached_buffers, s.live_bytes, s.live_buffers) == (40, 1, 100, 3)
     assert s.slack_bytes == 24 and s._replace(slack_bytes=0).slack_bytes == 0
+    m = mkl_alloc.MemStat(100, 3, 40, 1, 24, 8192, 4096)
+    assert (m.medium_dirty_bytes, m.medium_clean_bytes) == (8192, 4096) and m == (100, 3)
+    assert m._replace(medium_dirty_bytes=0).medium_dirty_bytes == 0
+    assert pickle.loads(pickle.dumps(m)).medium_clean_bytes == 4096
+    assert (s.medium_dirty_bytes, s.medium_clean_bytes) == (0, 0)
     assert s._asdict() == {"allocated_bytes": 100, "allocated_buffers": 3}
     for copied in (pickle.loads(pickle.dumps(s)), copy.copy(s), copy.deepcopy(s),
                    s._replace()):
