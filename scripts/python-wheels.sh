@@ -348,7 +348,10 @@ PY
     phase "Python $v: pytest python/tests (JAX's tests skip: no jax extra here)"
     # CI=true would turn the skipped JAX tests into failures: they run in
     # the main Python step, which installs the jax extra.
-    env -u CI "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests"
+    # The suite at its small scale (fewer forks and stateful examples):
+    # the full scale runs once, in .ci/run's main venv.
+    env -u CI MKL_ALLOC_TEST_SCALE="${MKL_ALLOC_TEST_SCALE:-small}" \
+      "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests"
   )
   results+=("Python $v: $(basename "$whl"): tests passed ($((SECONDS - start)) s)")
 done

@@ -124,6 +124,8 @@ PY
 
 phase "pytest python/tests (JAX's tests skip: no jax extra here)"
 # CI=true would turn the skipped JAX tests into failures (see .ci/run).
-env -u CI "$out/venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests"
+# At the small scale, as the wheels' runs (scripts/python-wheels.sh).
+env -u CI MKL_ALLOC_TEST_SCALE="${MKL_ALLOC_TEST_SCALE:-small}" \
+  "$out/venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests"
 echo "sdist: $(basename "$sdist") ($(du -k "$sdist" | cut -f1) KiB), pip install built it in ${build_time}s"
 phase "sdist check: ok"

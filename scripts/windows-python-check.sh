@@ -132,7 +132,8 @@ wpython "$(win "$work/check_dlls.py")"
 
 step "pytest python/tests under wine's CPython 3.12"
 set +e
-CI=true wpython -m pytest -q -p no:cacheprovider -rs "$(win "$PWD/python/tests")" "$@" | tee "$work/pytest.log"
+CI=true MKL_ALLOC_TEST_SCALE="${MKL_ALLOC_TEST_SCALE:-small}" \
+  wpython -m pytest -q -p no:cacheprovider -rs "$(win "$PWD/python/tests")" "$@" | tee "$work/pytest.log"
 rc=${PIPESTATUS[0]}
 set -e
 wineserver -k 2>/dev/null || true

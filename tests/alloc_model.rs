@@ -10,9 +10,11 @@
 //! block, must keep the old contents up to min(old, new) size, and zeroed
 //! tails must be zero. At the end MKL must hold exactly what it held before.
 //!
-//! Cases: `PROPTEST_CASES` if set, else 10,000 (about 15 s in a debug build
-//! on one core), or 64 with `MKL_ALLOC_TEST_SCALE=small` (valgrind); a
-//! quarter of that for each split.
+//! Cases: `PROPTEST_CASES` if set, else 10,000 in a release build (CI's
+//! model step, a few seconds) and 1,000 in a debug build (a newcomer's
+//! `cargo test`, where 10,000 took a minute of CI's time), or 64 with
+//! `MKL_ALLOC_TEST_SCALE=small` (valgrind); a quarter of that for each
+//! split.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -35,6 +37,8 @@ fn cases() -> u32 {
     }
     if std::env::var_os("MKL_ALLOC_TEST_SCALE").is_some_and(|v| v == "small") {
         64
+    } else if cfg!(debug_assertions) {
+        DEFAULT_CASES / 10
     } else {
         DEFAULT_CASES
     }
