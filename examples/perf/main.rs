@@ -47,7 +47,7 @@
 //! | fork cost | 10b | issue 27: fork() in the parent, idle and while threads allocate and read stats() | 1-60 s |
 //! | config backing off | 30 | MKL's memory pointers set (MKL defaults, everything off) against unset (`MKL_ALLOC_BACKING=off`), fresh processes: raw MKL_malloc/MKL_free 16 B and 1 MiB; `LAPACKE_dgesvd` 1000 x 1000 and a DFTI FFT of 2^22 complex doubles, repeated and first call | 2 min |
 //! | medium churn | 42 | issue 42: a window of 2,000 live blocks, log-uniform 4 KiB-1 MiB, each step frees one at random and allocates one (a byte written per 4 KiB): System, jemalloc, mimalloc, MklAllocator, MklSplitAllocator in this process, process CPU time per step, 21 rounds | 45-80 s |
-//! | medium retention | 42 | issue 42: 1 GiB of 48 KiB, 160 KiB or log-uniform 4 KiB-1 MiB blocks with a 32 B block kept after every second, all freed, 2 s idle, one 32 B alloc: resident beyond the start, a fresh child per allocator: System, jemalloc, mimalloc, MklSplitAllocator, MklAllocator, and the two MKL ones with `mkl_alloc::background::start()` and no alloc after (`PERF_RETENTION_MIB=256` for a quick look) | 2-2.5 min |
+//! | medium retention | 42 | issue 42: 1 GiB of 48 KiB, 160 KiB or log-uniform 4 KiB-1 MiB blocks with a 32 B block kept after every second, all freed, 2 s idle, one 32 B alloc: resident beyond the start, a fresh child per allocator: System, jemalloc, mimalloc, MklSplitAllocator, MklAllocator, the two MKL ones with one 64 KiB alloc after instead, and with `mkl_alloc::background::start()` and no alloc after (`PERF_RETENTION_MIB=256` for a quick look) | 2-2.5 min |
 //!
 //! Configurations (issue 21). The `config` groups and the workload group
 //! run every measurement in a fresh child process: perf re-runs itself as

@@ -18,7 +18,10 @@
 //! 32-byte block of the same allocator kept alive after every second one;
 //! every big block freed; 2 s idle; then one 32-byte allocation; then the
 //! resident set (`/proc/self/statm`) beyond what it was before the first
-//! block. The background-thread variants call
+//! block. Two more variants of the MKL allocators make one 64 KiB
+//! allocation after the pause instead (a numeric program's next buffer:
+//! a medium block reaches the crate, a 32-byte one does not), and the
+//! background-thread variants call
 //! `mkl_alloc::background::start()` (issue 42, part 2) first thing in the
 //! child and make no allocation after the pause. `PERF_RETENTION_MIB` sets
 //! the amount (default 1024; 256 for
@@ -185,46 +188,58 @@ struct Who {
     name: &'static str,
     /// The allocator the child uses.
     arg: &'static str,
-    /// `mkl_alloc::background::start()` first in the child, and no
-    /// allocation after the pause.
-    background: bool,
+    /// What the child does around the pause: `alloc`, one 32 B allocation
+    /// after it; `medium`, one 64 KiB allocation after it (a numeric
+    /// program's next buffer); `background`, `mkl_alloc::background::start()`
+    /// first and no allocation after.
+    end: &'static str,
 }
 
-const RETENTION: [Who; 7] = [
+const RETENTION: [Who; 9] = [
     Who {
         name: "System",
         arg: "system",
-        background: false,
+        end: "alloc",
     },
     Who {
         name: "jemalloc",
         arg: "jemalloc",
-        background: false,
+        end: "alloc",
     },
     Who {
         name: "mimalloc",
         arg: "mimalloc",
-        background: false,
+        end: "alloc",
     },
     Who {
         name: "MklSplitAllocator",
         arg: "split",
-        background: false,
+        end: "alloc",
     },
     Who {
         name: "MklAllocator",
         arg: "mkl",
-        background: false,
+        end: "alloc",
+    },
+    Who {
+        name: "MklSplitAllocator, one 64 KiB alloc after",
+        arg: "split",
+        end: "medium",
+    },
+    Who {
+        name: "MklAllocator, one 64 KiB alloc after",
+        arg: "mkl",
+        end: "medium",
     },
     Who {
         name: "MklSplitAllocator, background thread, no alloc after",
         arg: "split",
-        background: true,
+        end: "background",
     },
     Who {
         name: "MklAllocator, background thread, no alloc after",
         arg: "mkl",
-        background: true,
+        end: "background",
     },
 ];
 
@@ -244,14 +259,9 @@ fn retention_mib() -> usize {
 /// Starts `perf --child retention <who> <sizes> <mib> <after>`.
 fn spawn_retention(who: &Who, sizes: &str, mib: usize) -> std::process::Child {
     let mut cmd = Command::new(own_exe());
-    let end = if who.background {
-        "background"
-    } else {
-        "alloc"
-    };
     cmd.args(["--child", "retention", who.arg, sizes])
         .arg(mib.to_string())
-        .arg(end);
+        .arg(who.end);
     apply_env(&mut cmd, Env::Defaults);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.spawn().expect("start a perf retention child")
@@ -282,7 +292,7 @@ pub fn retention_group(t: &mut Table) {
                 );
                 let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
                 assert!(
-                    !who[i].background || field(&f, "background") == 1.0,
+                    who[i].end != "background" || field(&f, "background") == 1.0,
                     "{}: the background thread was not running at the end",
                     who[i].name
                 );
@@ -292,7 +302,7 @@ pub fn retention_group(t: &mut Table) {
         }
         let what = format!("42. retention, {mib} MiB of {title}");
         t.values(
-            &format!("{what}: resident beyond the start, 2 s idle then 1 alloc"),
+            &format!("{what}: resident beyond the start, 2 s idle then the ending"),
             "MiB",
             &idle,
         );
@@ -324,16 +334,18 @@ pub fn retention_group(t: &mut Table) {
 
 /// `perf --child retention <who> <sizes> <mib> <end>`: one retention
 /// measurement, printed as `key=value` pairs. `end`: `alloc` (one 32 B
-/// allocation after the pause) or `background` (the background thread
-/// started first, nothing allocated after the pause).
+/// allocation after the pause), `medium` (one 64 KiB allocation after it)
+/// or `background` (the background thread started first, nothing
+/// allocated after the pause).
 pub fn retention_child(args: &[String]) {
     let (who, sizes, end) = (args[0].as_str(), args[1].as_str(), args[3].as_str());
     let mib: usize = args[2].parse().expect("MiB");
     let after = match end {
-        "alloc" => true,
+        "alloc" => After::Small,
+        "medium" => After::Medium,
         "background" => {
             mkl_alloc::background::start().expect("start the background decay thread");
-            false
+            After::Nothing
         }
         other => panic!("unknown retention ending {other}"),
     };
@@ -348,8 +360,18 @@ pub fn retention_child(args: &[String]) {
     println!("{line}");
 }
 
+/// What a retention child allocates after its pause.
+#[derive(Clone, Copy, PartialEq)]
+enum After {
+    Nothing,
+    /// One 32 B block.
+    Small,
+    /// One 64 KiB block, one byte written per 4 KiB.
+    Medium,
+}
+
 /// The retention measurement under `g` (see the module's docs).
-fn retention<G: GlobalAlloc>(g: &G, sizes: &str, mib: usize, after: bool) -> String {
+fn retention<G: GlobalAlloc>(g: &G, sizes: &str, mib: usize, after: After) -> String {
     let mut r = Rng(0x4242_0042_5EED_0001);
     let mut next = || match sizes {
         "48k" => 48 << 10,
@@ -398,10 +420,19 @@ fn retention<G: GlobalAlloc>(g: &G, sizes: &str, mib: usize, after: bool) -> Str
     }
     let freed = rss_mib() - start;
     std::thread::sleep(Duration::from_secs(2));
-    if after {
-        smalls.push(alloc_small());
-    }
+    let medium = match after {
+        After::Nothing => None,
+        After::Small => {
+            smalls.push(alloc_small());
+            None
+        }
+        After::Medium => Some(alloc_touched(g, 64 << 10)),
+    };
     let idle = rss_mib() - start;
+    if let Some((p, l)) = medium {
+        // SAFETY: allocated by `g` with `l` just above, freed once.
+        unsafe { g.dealloc(p, l) };
+    }
     let background = u8::from(mkl_alloc::background::is_running());
     for p in smalls {
         // SAFETY: allocated by `g` with `small`, freed once.
