@@ -201,17 +201,42 @@ def mkl_service():
 # CI=true) test_dask.py is not collected where distributed is missing, and
 # pytest's header says so: not a skip, since those runs fail on skips that
 # a missing wheel does not explain. Run on its own, it skips, saying why.
+# Ray (tests/test_ray.py, the `ray` extra) likewise, with
+# MKL_ALLOC_REQUIRE_RAY=1.
 DASK_REQUIRED = os.environ.get("MKL_ALLOC_REQUIRE_DASK") == "1"
 DASK_MISSING = importlib.util.find_spec("distributed") is None
+RAY_REQUIRED = os.environ.get("MKL_ALLOC_REQUIRE_RAY") == "1"
+RAY_MISSING = importlib.util.find_spec("ray") is None
 collect_ignore = ["test_dask.py"] if DASK_MISSING and not DASK_REQUIRED else []
+if RAY_MISSING and not RAY_REQUIRED:
+    collect_ignore.append("test_ray.py")
 
 
 def pytest_report_header(config):
-    """Says that test_dask.py is left out, and why, where it is."""
-    if collect_ignore:
-        return ("mkl_alloc: test_dask.py not collected: distributed is not installed "
-                "(the dask extra; MKL_ALLOC_REQUIRE_DASK=1 makes that a failure)")
-    return None
+    """Says that test_dask.py or test_ray.py is left out, and why, where it is."""
+    lines = []
+    if "test_dask.py" in collect_ignore:
+        lines.append("mkl_alloc: test_dask.py not collected: distributed is not installed "
+                     "(the dask extra; MKL_ALLOC_REQUIRE_DASK=1 makes that a failure)")
+    if "test_ray.py" in collect_ignore:
+        lines.append("mkl_alloc: test_ray.py not collected: ray is not installed "
+                     "(the ray extra; MKL_ALLOC_REQUIRE_RAY=1 makes that a failure)")
+    return lines or None
+
+
+def require_ray():
+    """Imports ``ray`` for test_ray.py: where it is missing, the module is
+    skipped, except under MKL_ALLOC_REQUIRE_RAY=1 (.ci/run's main venv,
+    which installs the ray extra), where that fails."""
+    if RAY_REQUIRED:
+        try:
+            return importlib.import_module("ray")
+        except ImportError as e:
+            raise ImportError(
+                f"MKL_ALLOC_REQUIRE_RAY=1 asks for the Ray tests, but ray cannot be "
+                f"imported ({e}): pip install './python[test,ray]'"
+            ) from e
+    return pytest.importorskip("ray", reason="ray is not installed (the ray extra: pip install './python[test,ray]')")
 
 
 def require_dask():
