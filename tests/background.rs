@@ -223,7 +223,8 @@ fn fork_child() {
         if pid == 0 {
             in_forked_child();
         }
-        wait(pid, fork, Duration::from_secs(10)).unwrap();
+        common::child::wait_child(pid, Duration::from_secs(10), |_| String::new())
+            .unwrap_or_else(|e| panic!("child of fork {fork} {e}"));
     }
     DONE.store(true, Relaxed);
     churn.join().unwrap();
@@ -278,32 +279,4 @@ fn in_forked_child() -> ! {
     check(!background::is_running(), "stop() in the child");
     // SAFETY: ends the child without running the parent's atexit handlers.
     unsafe { libc::_exit(0) }
-}
-
-/// Waits for `pid` up to `limit`; `Err` describes a hang or a failure.
-fn wait(pid: libc::pid_t, fork: usize, limit: Duration) -> Result<(), String> {
-    let start = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child without blocking.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "child of fork {fork} ended with status {status:#x}"
-                ))
-            };
-        }
-        if start.elapsed() > limit {
-            // SAFETY: kills and reaps our own hung child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child of fork {fork} hung for {limit:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }

@@ -25,6 +25,9 @@
 fn main() {}
 
 #[cfg(all(target_os = "linux", not(miri)))]
+mod common;
+
+#[cfg(all(target_os = "linux", not(miri)))]
 mod linux {
     use core::ffi::{c_char, c_int, c_void};
     use std::time::{Duration, Instant};
@@ -55,32 +58,6 @@ mod linux {
     /// Forks per run.
     const FORKS: usize = 20;
 
-    /// Waits for `pid` up to `limit`: `Ok` if it exited with 0.
-    fn wait(pid: libc::pid_t, limit: Duration) -> Result<(), String> {
-        let start = Instant::now();
-        loop {
-            let mut status = 0;
-            // SAFETY: waits for our own child without blocking.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                return if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("ended with status {status:#x}"))
-                };
-            }
-            if start.elapsed() > limit {
-                // SAFETY: kills and reaps our own hung child.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, &mut status, 0);
-                }
-                return Err(format!("hung for {limit:?}"));
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
     /// One run's forking thread: forks while the main thread exits, then
     /// ends the process with 0 if every child exited in time.
     fn forker() {
@@ -97,7 +74,9 @@ mod linux {
                 verdict = 4;
                 break;
             }
-            if let Err(e) = wait(pid, Duration::from_secs(5)) {
+            if let Err(e) =
+                super::common::child::wait_child(pid, Duration::from_secs(5), |_| String::new())
+            {
                 eprintln!("fork {fork}: the child {e}");
                 verdict = 5;
                 break;

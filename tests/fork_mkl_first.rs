@@ -20,6 +20,8 @@
 //! Linux only (the fork guard is Linux's).
 #![cfg(all(target_os = "linux", not(miri)))]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -72,37 +74,6 @@ fn stack_of(pid: libc::pid_t) -> String {
     }
 }
 
-/// Waits for `pid` up to `limit`; `Err` describes a hang or failure.
-fn wait(pid: libc::pid_t, fork: usize, limit: Duration) -> Result<(), String> {
-    let start = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child without blocking.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "child of fork {fork} ended with status {status:#x}"
-                ))
-            };
-        }
-        if start.elapsed() > limit {
-            let stack = stack_of(pid);
-            // SAFETY: kills and reaps our own hung child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!(
-                "child of fork {fork} hung for {limit:?}; its stack:\n{stack}"
-            ));
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
 #[test]
 fn fork_while_threads_exit_after_mkl_ran_first() {
     manager::init();
@@ -145,7 +116,10 @@ fn fork_while_threads_exit_after_mkl_ran_first() {
             unsafe { libc::_exit(if s.live_bytes() == s.bytes { 0 } else { 1 }) };
         }
         done += 1;
-        if let Err(e) = wait(pid, fork, limit) {
+        if let Err(e) =
+            common::child::wait_child(pid, limit, |pid| format!("; its stack:\n{}", stack_of(pid)))
+                .map_err(|e| format!("child of fork {fork} {e}"))
+        {
             failure = Some(e);
             break;
         }

@@ -29,6 +29,8 @@
 //! Unix only: Windows has no `fork`.
 #![cfg(unix)]
 
+mod common;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,36 +134,6 @@ fn child_work(fork: usize) {
     in_child(c_heap::malloc(24, 64).is_null() || manager::stats().buffers > 0);
 }
 
-/// Waits for `pid` up to `limit`; `Err` describes a hang or failure.
-fn wait(pid: libc::pid_t, fork: usize, limit: Duration) -> Result<(), String> {
-    let start = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child without blocking.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "child of fork {fork} ended with status {status:#x}"
-                ))
-            };
-        }
-        if start.elapsed() > limit {
-            // SAFETY: kills and reaps our own hung child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!(
-                "child of fork {fork} hung for {limit:?} (a lock held across fork?)"
-            ));
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
 /// The rare entries, between small blocks.
 fn rare_calls(k: usize) {
     let s = manager::stats();
@@ -241,7 +213,10 @@ fn fork_child_stress() {
             // SAFETY: ends the child without running the parent's exit code.
             unsafe { libc::_exit(0) };
         }
-        if let Err(e) = wait(pid, fork, limit) {
+        if let Err(e) =
+            common::child::wait_child(pid, limit, |_| " (a lock held across fork?)".into())
+                .map_err(|e| format!("child of fork {fork} {e}"))
+        {
             eprintln!("{e}");
             failures.push(e);
             if failures.len() >= 3 && !count_all {

@@ -6,6 +6,9 @@
 //! checked.
 #![allow(dead_code)] // each test binary uses some of these
 
+#[cfg(unix)]
+pub mod child;
+
 /// Bytes written or compared at once: a multiple of the patterns' period
 /// (`byte(i)` may depend on `i % 256` only: it is given `i as u8`).
 const CHUNK: usize = 4096;
