@@ -68,8 +68,9 @@
 //!
 //! **The order** in which the prepare handler takes everything (process.rs
 //! says it too): (1) the rare-call lock, (2) the gate: wait until no thread
-//! is inside an MKL call (so no code beneath MKL runs either), (3) the
-//! block cache's shards. A thread holding the rare-call lock may enter MKL
+//! is inside an MKL call (so no code beneath MKL runs either), then MKL's
+//! own memory-manager locks, for the MKL calls the crate does not make
+//! ([`mkl_locks`]), (3) the block cache's shards. A thread holding the rare-call lock may enter MKL
 //! (step 2 cannot have begun); a thread inside MKL takes no crate lock; a
 //! thread waiting at the gate holds none (no shard lock is held across an
 //! MKL call); a thread marked `held` that asks for the rare-call lock while
@@ -84,6 +85,9 @@
 //! Under loom and Miri (no `fork`, no system calls), and off Linux (this
 //! uses `membarrier`, futexes and `tgkill`; Windows has no `fork`), the
 //! marker is empty.
+
+#[cfg(all(target_os = "linux", not(any(loom, miri))))]
+mod mkl_locks;
 
 #[cfg(all(target_os = "linux", not(any(loom, miri))))]
 pub(crate) use real::*;
@@ -108,6 +112,14 @@ mod empty {
 
     /// Nothing to set up.
     pub(crate) fn setup() {}
+
+    /// No fork, no MKL lock to hold across one.
+    pub(crate) fn find_mkl_locks() {}
+
+    /// No fork, no MKL lock held across one.
+    pub(crate) fn holds_mkl_locks() -> bool {
+        false
+    }
 }
 
 #[cfg(all(target_os = "linux", not(any(loom, miri))))]
@@ -545,6 +557,18 @@ mod real {
         }
     }
 
+    /// At the setup, once MKL is loaded (after `libmkl_rt` resolved its
+    /// entries): finds MKL's memory-manager locks, which every fork then
+    /// holds (`mkl_locks`).
+    pub(crate) fn find_mkl_locks() {
+        super::mkl_locks::find();
+    }
+
+    /// Whether forks hold MKL's memory-manager locks (`mkl_locks`).
+    pub(crate) fn holds_mkl_locks() -> bool {
+        super::mkl_locks::found()
+    }
+
     const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
     const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
     const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
@@ -591,6 +615,16 @@ mod real {
                 fence(SeqCst);
             }
             if others_out_of_mkl() {
+                // Step 2 done: no call of the crate's is inside MKL. Now
+                // the calls that are not the crate's (module docs of
+                // `mkl_locks`): MKL's own locks, in MKL's order. Not from
+                // a signal handler that interrupted this thread in MKL
+                // (or holding the rare-call lock, or in its exit's
+                // clean-up): it may hold some of them, and the child
+                // resumes that call, which gives them back itself.
+                if took && !inside_mkl_here() {
+                    super::mkl_locks::hold();
+                }
                 return;
             }
             // Back off: everything this attempt took, given back.
@@ -600,6 +634,21 @@ mod real {
             }
             sleep_ms(1);
         }
+    }
+
+    /// Whether this thread is inside an MKL call of the crate's or marked
+    /// `held` (a fork from a signal handler that interrupted it there).
+    fn inside_mkl_here() -> bool {
+        let mine = MINE.get();
+        if MY_OVERFLOW.get() != 0 {
+            return true;
+        }
+        if mine.addr() <= NO_SLOT.addr() {
+            return false;
+        }
+        // SAFETY: as in `mkl`: this thread's slot.
+        let s = unsafe { &*mine };
+        s.inside.load(Relaxed) != 0 || s.held.load(Relaxed) != 0
     }
 
     /// Spins of [`prepare`] waiting only for `held` threads before it backs
@@ -706,6 +755,7 @@ mod real {
     /// rare-call lock if [`prepare`] took it. In the child (`child`), the
     /// other threads are gone: their slots and counts are given back.
     pub(crate) fn after_fork(child: bool) {
+        super::mkl_locks::release(child);
         if child {
             let mine = MINE.get();
             for s in &SLOT[..HIGH.load(Relaxed).min(SLOTS)] {

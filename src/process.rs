@@ -145,6 +145,7 @@ pub(crate) fn setup() {
     // `MKL_Disable_Fast_MM` no first call to succeed.
     #[cfg(all(feature = "mkl-rt", unix, not(miri)))]
     resolve_mkl_entries();
+    fork_guard::find_mkl_locks();
     READY.store(true, Relaxed);
     SLOW.store(THRESHOLD, Relaxed);
     // Last, once the allocation path is ready (starting the thread

@@ -232,6 +232,20 @@ pub struct Settings {
     /// [`Source::Environment`] where `MKL_ALLOC_MEDIUM=off` turned them
     /// off, else [`Source::Default`].
     pub medium_source: Source,
+    /// Whether a `fork` holds MKL's own memory-manager locks, so that a
+    /// child never inherits one taken by a thread that reached MKL without
+    /// the crate (MKL's FFT or BLAS allocating their workspace, a library
+    /// calling `MKL_malloc` itself). `true` on Linux with the MKL the crate
+    /// pins (oneMKL 2026.2, whose locks it recognises in MKL's code);
+    /// `false` with another MKL or where MKL's core is not visible (see
+    /// docs/reliability.md, "Fork"): there the fork guard covers the
+    /// crate's own MKL calls only.
+    ///
+    /// ```
+    /// let s = mkl_alloc::manager::settings();
+    /// println!("forks hold MKL's locks: {}", s.fork_holds_mkl_locks);
+    /// ```
+    pub fork_holds_mkl_locks: bool,
 }
 
 /// Reads the settings in force (reading the environment's policies first
@@ -293,6 +307,7 @@ pub fn settings() -> Settings {
         } else {
             Source::Default
         },
+        fork_holds_mkl_locks: crate::fork_guard::holds_mkl_locks(),
     }
 }
 
@@ -345,6 +360,7 @@ impl fmt::Display for Settings {
     /// MKL fast memory manager: on
     /// background decay thread: off [default]
     /// medium blocks (4 KiB-1 MiB): on [default]
+    /// fork holds MKL's locks: yes
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -377,11 +393,20 @@ impl fmt::Display for Settings {
             if self.background { "on" } else { "off" },
             SourceOf(self.background_source, "MKL_ALLOC_BACKGROUND")
         )?;
-        write!(
+        writeln!(
             f,
             "medium blocks (4 KiB-1 MiB): {} [{}]",
             if self.medium_blocks { "on" } else { "off" },
             SourceOf(self.medium_source, "MKL_ALLOC_MEDIUM")
+        )?;
+        write!(
+            f,
+            "fork holds MKL's locks: {}",
+            if self.fork_holds_mkl_locks {
+                "yes"
+            } else {
+                "no"
+            }
         )
     }
 }

@@ -57,23 +57,6 @@ fn forks() -> usize {
         .unwrap_or(if small { 200 } else { 3000 })
 }
 
-/// Every thread's stack of a hung process, from gdb (if it is there).
-fn stack_of(pid: libc::pid_t) -> String {
-    match std::process::Command::new("gdb")
-        .args([
-            "-p",
-            &pid.to_string(),
-            "-batch",
-            "-ex",
-            "thread apply all bt",
-        ])
-        .output()
-    {
-        Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
-        Err(e) => format!("(no stack: {e})"),
-    }
-}
-
 #[test]
 fn fork_while_threads_exit_after_mkl_ran_first() {
     manager::init();
@@ -116,9 +99,10 @@ fn fork_while_threads_exit_after_mkl_ran_first() {
             unsafe { libc::_exit(if s.live_bytes() == s.bytes { 0 } else { 1 }) };
         }
         done += 1;
-        if let Err(e) =
-            common::child::wait_child(pid, limit, |pid| format!("; its stack:\n{}", stack_of(pid)))
-                .map_err(|e| format!("child of fork {fork} {e}"))
+        if let Err(e) = common::child::wait_child(pid, limit, |pid| {
+            format!("; its stack:\n{}", common::child::stacks_of(pid))
+        })
+        .map_err(|e| format!("child of fork {fork} {e}"))
         {
             failure = Some(e);
             break;

@@ -287,7 +287,7 @@ fn settings_display_names_each_setting_its_value_and_source() {
     assert_eq!(s.huge_pages_threshold, Some(64 << 20));
     let text = s.to_string();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 8, "{text}");
+    assert_eq!(lines.len(), 9, "{text}");
     assert_eq!(lines[0], "block cache budget: off [set by the program]");
     assert_eq!(lines[1], "block cache decay: 2500 ms [set by the program]");
     assert_eq!(
@@ -320,6 +320,14 @@ fn settings_display_names_each_setting_its_value_and_source() {
         "off [default]"
     };
     assert_eq!(lines[7], format!("medium blocks (4 KiB-1 MiB): {medium}"));
+    // The pinned MKL's locks are recognised wherever its core is linked.
+    let holds = cfg!(all(
+        target_os = "linux",
+        not(feature = "mkl-rt"),
+        not(feature = "intel-mkl-src")
+    )) || manager::settings().fork_holds_mkl_locks;
+    let holds = if holds { "yes" } else { "no" };
+    assert_eq!(lines[8], format!("fork holds MKL's locks: {holds}"));
 
     manager::set_block_cache(Some(256 << 20));
     let s = manager::settings();

@@ -43,3 +43,21 @@ pub fn wait_child(
         std::thread::sleep(Duration::from_micros(100));
     }
 }
+
+/// Every thread's stack of the process `pid`, from gdb (if it is there):
+/// what a hung child was waiting on.
+pub fn stacks_of(pid: libc::pid_t) -> String {
+    match std::process::Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt",
+        ])
+        .output()
+    {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+        Err(e) => format!("(no stack: {e})"),
+    }
+}
