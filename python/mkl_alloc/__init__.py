@@ -644,6 +644,7 @@ def _config() -> dict[str, Any]:
             "max_threads": threads,
             "fast_mm_disabled": settings["fast_mm_disabled"]
             or os.environ.get("MKL_DISABLE_FAST_MM") == "1",
+            "fork_holds_locks": settings["fork_holds_mkl_locks"],
         },
         "backing": {"state": state, **_backing_setting(state)},
         "block_cache": {
@@ -714,6 +715,7 @@ def _text(c: dict[str, Any]) -> str:
         f"  threading layer    {mkl['threading_layer'] or 'not reported'}, "
         f"max {mkl['max_threads']} threads",
         f"  fast memory mgr    {'off' if mkl['fast_mm_disabled'] else 'on'}",
+        f"  fork holds locks   {'yes' if mkl['fork_holds_locks'] else 'no'}",
         "",
         "Backing (MKL's memory from mkl-alloc's chunks)",
         f"  state              {b['state']}: {b['why']}",

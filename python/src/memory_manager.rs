@@ -95,7 +95,10 @@ pub fn backing() -> &'static str {
 /// ``"unavailable"``, or ``"large-pages"`` on Windows),
 /// ``huge_pages_unavailable`` (why blocks get no huge pages, or ``None``),
 /// ``huge_pages_advised_bytes``, ``fast_mm_disabled`` (whether this
-/// process turned MKL's own caches off through the crate), and where the
+/// process turned MKL's own caches off through the crate),
+/// ``fork_holds_mkl_locks`` (whether a fork holds MKL's own memory-manager
+/// locks, so that children of threads calling MKL without the crate never
+/// inherit one taken), and where the
 /// budget, the decay and the threshold came from (``mkl_alloc::manager::
 /// settings()``): ``block_cache_source``, ``block_cache_decay_source`` and
 /// ``huge_pages_source``, each ``"default"``, ``"environment"`` or
@@ -127,6 +130,7 @@ pub fn _settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("huge_pages_advised_bytes", huge_pages::advised_bytes())?;
     d.set_item("fast_mm_disabled", manager::fast_mm_disabled())?;
     let s = manager::settings();
+    d.set_item("fork_holds_mkl_locks", s.fork_holds_mkl_locks)?;
     d.set_item("block_cache_source", source_name(s.block_cache_source))?;
     d.set_item("block_cache_decay_source", source_name(s.decay_source))?;
     d.set_item("huge_pages_source", source_name(s.huge_pages_source))?;

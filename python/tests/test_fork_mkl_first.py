@@ -85,6 +85,34 @@ def wait_with_deadline(pid: int, deadline: float) -> int | None:
         pause = min(pause * 2, 0.01)
 
 
+def fork_children(forks: int, child) -> tuple[int, str | None]:
+    """Forks ``forks`` times; each child runs ``child()`` and ``_exit``s with
+    0 (3 if it raised). Returns the forks made and the first failure: a
+    child that ended otherwise, or one still running after
+    ``CHILD_DEADLINE`` (its stack, then killed)."""
+    done = 0
+    for i in range(forks):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                child()
+            except BaseException:  # noqa: BLE001 - the exit status tells the parent
+                code = 3
+            os._exit(code)
+        done += 1
+        status = wait_with_deadline(pid, CHILD_DEADLINE)
+        if status is None:
+            failure = (f"fork {i}: child {pid} still running after {CHILD_DEADLINE} s; "
+                       f"its stack:\n{stack_of(pid)}")
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return done, failure
+        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+            return done, f"fork {i}: child {pid} ended with wait status {status:#x}"
+    return done, None
+
+
 def main(forks: int) -> int:
     fft_first(mkl_rt())
     import mkl_alloc
@@ -109,29 +137,12 @@ def main(forks: int) -> int:
     while 0 in exits:
         time.sleep(0.001)
     started = time.monotonic()
-    failure = None
-    done = 0
-    for i in range(forks):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                assert mkl_alloc.mem_stat().live_bytes >= 0
-                MKLMemory(64)
-            except BaseException:  # noqa: BLE001 - the exit status tells the parent
-                code = 3
-            os._exit(code)
-        done += 1
-        status = wait_with_deadline(pid, CHILD_DEADLINE)
-        if status is None:
-            failure = (f"fork {i}: child {pid} still running after {CHILD_DEADLINE} s; "
-                       f"its stack:\n{stack_of(pid)}")
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            break
-        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-            failure = f"fork {i}: child {pid} ended with wait status {status:#x}"
-            break
+
+    def child() -> None:
+        assert mkl_alloc.mem_stat().live_bytes >= 0
+        MKLMemory(64)
+
+    done, failure = fork_children(forks, child)
     stop.set()
     for c in churners:
         c.join(timeout=30)

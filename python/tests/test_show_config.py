@@ -58,6 +58,10 @@ def test_json_report_holds_every_part_with_the_defaults():
     if sys.platform == "linux":
         assert c["backing"]["state"] == "active"
         assert re.search(r"libmkl_rt\.so", c["mkl"]["library"])
+        # The pinned MKL's memory-manager locks are recognised (issue 41).
+        assert c["mkl"]["fork_holds_locks"] is True
+    else:
+        assert c["mkl"]["fork_holds_locks"] is False
     assert c["backing"]["value"] == "on" and c["backing"]["source"] == "default"
     assert c["backing"]["why"]
     budget = c["block_cache"]["budget"]
