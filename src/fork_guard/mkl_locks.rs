@@ -39,7 +39,6 @@
 //! past it everything taken is given back and the fork goes on unprotected
 //! from foreign calls, as before.
 
-use core::ffi::{c_int, c_void};
 use core::sync::atomic::{
     AtomicBool, AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -210,7 +209,7 @@ fn array_in(code: &[u8], base: usize) -> Option<usize> {
 unsafe extern "C" {
     /// MKL's allocation routine behind `MKL_malloc` (in `libmkl_core`,
     /// static or shared): only its code is read, never called here.
-    fn mkl_serv_malloc(size: usize, align: c_int) -> *mut c_void;
+    fn mkl_serv_malloc(size: usize, align: core::ffi::c_int) -> *mut core::ffi::c_void;
 }
 
 /// `mkl_serv_malloc`'s address: linked where the core is, looked up where
