@@ -77,96 +77,46 @@ static HELD: AtomicBool = AtomicBool::new(false);
 /// shl    $0x6,%rcx
 /// movl   $0x0,0x200(%rcx,%rdx,1)  ; the account's lock released
 /// ```
-const RELEASE_ACCOUNT: [Option<u8>; 52] = {
-    const fn b(x: u8) -> Option<u8> {
-        Some(x)
-    }
-    const X: Option<u8> = None;
-    [
-        b(0x48),
-        b(0x8d),
-        b(0x15),
-        X,
-        X,
-        X,
-        X, //
-        b(0x8b),
-        b(0x49),
-        b(0xf8), //
-        b(0xff),
-        b(0xc9), //
-        b(0x81),
-        b(0xf9),
-        b(0xff),
-        b(0x03),
-        b(0x00),
-        b(0x00), //
-        b(0x0f),
-        b(0x87),
-        X,
-        X,
-        X,
-        X, //
-        b(0x89),
-        b(0xc9), //
-        b(0x48),
-        b(0xbe),
-        X,
-        X,
-        X,
-        X,
-        X,
-        X,
-        X,
-        X, //
-        b(0x48),
-        b(0x01),
-        b(0xf2), //
-        b(0x48),
-        b(0xc1),
-        b(0xe1),
-        b(0x06), //
-        b(0xc7),
-        b(0x84),
-        b(0x11),
-        b(0x00),
-        b(0x02),
-        b(0x00),
-        b(0x00),
-        b(0x00),
-        b(0x00),
-    ]
-};
+const RELEASE_ACCOUNT: [Option<u8>; 52] = pattern(
+    "48 8d 15 __ __ __ __  8b 49 f8  ff c9  81 f9 ff 03 00 00  0f 87 __ __ __ __  89 c9 \
+     48 be __ __ __ __ __ __ __ __  48 01 f2  48 c1 e1 06  c7 84 11 00 02 00 00 00 00",
+);
 
 /// `movabs $imm64,%rcx; lock addl $-2,0x1c0(%rdx,%rcx,1)`: a thread past
 /// the table leaving the global lock, which it held as a reader.
-const LEAVE_GLOBAL: [Option<u8>; 19] = {
-    const fn b(x: u8) -> Option<u8> {
-        Some(x)
+const LEAVE_GLOBAL: [Option<u8>; 19] =
+    pattern("48 b9 __ __ __ __ __ __ __ __  f0 83 84 0a c0 01 00 00 fe");
+
+/// An instruction pattern from its bytes as objdump prints them, `__` for
+/// a byte the linker fills in; the length is checked when compiled.
+const fn pattern<const N: usize>(text: &str) -> [Option<u8>; N] {
+    const fn nibble(c: u8) -> u8 {
+        match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => panic!("a pattern byte is two lowercase hex digits or __"),
+        }
     }
-    const X: Option<u8> = None;
-    [
-        b(0x48),
-        b(0xb9),
-        X,
-        X,
-        X,
-        X,
-        X,
-        X,
-        X,
-        X, //
-        b(0xf0),
-        b(0x83),
-        b(0x84),
-        b(0x0a),
-        b(0xc0),
-        b(0x01),
-        b(0x00),
-        b(0x00),
-        b(0xfe),
-    ]
-};
+    let t = text.as_bytes();
+    let mut out = [None; N];
+    let (mut i, mut n) = (0, 0);
+    while i < t.len() {
+        if t[i] == b' ' || t[i] == b'\n' {
+            i += 1;
+            continue;
+        }
+        assert!(n < N, "the pattern has more bytes than its type");
+        out[n] = if t[i] == b'_' && t[i + 1] == b'_' {
+            None
+        } else {
+            Some(nibble(t[i]) << 4 | nibble(t[i + 1]))
+        };
+        n += 1;
+        i += 2;
+    }
+    assert!(n == N, "the pattern has fewer bytes than its type");
+    out
+}
 
 /// Bytes of `mkl_serv_malloc` searched (the function is 0x16e long).
 const SEARCH: usize = 0x200;
@@ -227,25 +177,23 @@ fn serv_malloc() -> *const u8 {
 }
 
 /// Once, at the setup (after MKL is loaded): finds MKL's lock array, if
-/// this MKL is the one matched. Returns whether it was found.
-pub(crate) fn find() -> bool {
-    if ARRAY.load(Relaxed) != 0 {
-        return true;
+/// this MKL is the one matched ([`found`] says whether it was).
+pub(crate) fn find() {
+    if found() {
+        return;
     }
     let f = serv_malloc();
     if f.is_null() {
-        return false;
+        return;
     }
     // SAFETY: `f` is the entry of a function of a loaded library, in its
     // mapped, readable text; the function and what follows it in the
     // same text segment span more than SEARCH bytes (MKL's core is
     // megabytes of code, and this function is not its last).
     let code = unsafe { core::slice::from_raw_parts(f, SEARCH) };
-    let Some(array) = array_in(code, f.addr()) else {
-        return false;
-    };
-    ARRAY.store(array, Relaxed);
-    true
+    if let Some(array) = array_in(code, f.addr()) {
+        ARRAY.store(array, Relaxed);
+    }
 }
 
 /// Whether MKL's locks were found (and are held across forks).
@@ -299,12 +247,7 @@ pub(crate) fn hold() {
             std::thread::yield_now();
             if now_ns() - start > WAIT_NS {
                 for off in offsets().take(n) {
-                    let w = word(array, off);
-                    if off == GLOBAL {
-                        w.fetch_sub(1, Release);
-                    } else {
-                        w.store(0, Release);
-                    }
+                    give_back(array, off, false);
                 }
                 return;
             }
@@ -314,24 +257,30 @@ pub(crate) fn hold() {
 }
 
 /// The parent's and the child's handler (`child`): gives back what
-/// [`hold`] took, in reverse order. An account lock is released as MKL
-/// releases it, by storing 0. The global lock is also a reader count:
-/// threads past the 1,024th add 2 and wait while the writer's bit is set,
-/// so in the parent it is released as MKL's writers release it (taking 1
-/// away, keeping the readers that came meanwhile); in the child those
-/// readers do not exist, and the word is 0.
+/// [`hold`] took, in reverse order (see [`give_back`]). The global lock is
+/// also a reader count: threads past the 1,024th add 2 and wait while the
+/// writer's bit is set, so in the parent it is released as MKL's writers
+/// release it.
 pub(crate) fn release(child: bool) {
     if !HELD.swap(false, Relaxed) {
         return;
     }
     let array = ARRAY.load(Relaxed);
     for off in offsets().rev() {
-        let w = word(array, off);
-        if off == GLOBAL && !child {
-            w.fetch_sub(1, Release);
-        } else {
-            w.store(0, Release);
-        }
+        give_back(array, off, child);
+    }
+}
+
+/// Releases the lock at `off` that [`hold`] took: an account's by storing
+/// 0, as MKL does; the global one, also a reader count, by taking 1 away
+/// in the parent (`child` false; keeping the readers that came meanwhile)
+/// and by storing 0 in the child (where those readers do not exist).
+fn give_back(array: usize, off: usize, child: bool) {
+    let w = word(array, off);
+    if off == GLOBAL && !child {
+        w.fetch_sub(1, Release);
+    } else {
+        w.store(0, Release);
     }
 }
 
