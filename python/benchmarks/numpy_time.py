@@ -25,7 +25,6 @@ import importlib.util
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 
@@ -66,17 +65,7 @@ def child(mode, sizes, mib, reps):
 
 
 def run(mode, sizes, mib, reps):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MKL_ALLOC_") and k not in ("MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")}
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", mode, sizes, str(mib), str(reps)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        sys.exit(f"numpy_time.py: the {mode} {sizes} child failed:\n{out.stderr}")
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(retention.run_child(__file__, mode, sizes, mib, reps))
 
 
 def main():

@@ -109,22 +109,30 @@ def child(mode, sizes, mib):
     print(json.dumps({"rss_mib": idle, "freed_mib": freed, "peak_mib": peak, "arrays": len(lengths), "strings": len(strings)}))
 
 
-def run(mode, sizes, mib):
+def run_child(script, mode, *args):
+    """The last line printed by ``python script --child mode args...``, run
+    in a fresh process with no ``MKL_ALLOC_*``, ``MALLOC_TRIM_THRESHOLD_``
+    or ``LD_PRELOAD`` of this one's, but what ``mode`` sets; exits with the
+    child's error if it failed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MKL_ALLOC_") and k not in ("MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")}
     if mode == "trim":
         env["MALLOC_TRIM_THRESHOLD_"] = "65536"
     if mode == "jemalloc":
         env["LD_PRELOAD"] = JEMALLOC
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", mode, sizes, str(mib)],
+        [sys.executable, os.path.abspath(script), "--child", mode, *map(str, args)],
         env=env,
         capture_output=True,
         text=True,
         check=False,
     )
     if out.returncode != 0:
-        sys.exit(f"retention.py: the {mode} {sizes} child failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        sys.exit(f"{os.path.basename(script)}: the {mode} {' '.join(map(str, args))} child failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def run(mode, sizes, mib):
+    return json.loads(run_child(__file__, mode, sizes, mib))
 
 
 def main():

@@ -34,19 +34,17 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
-import select
-import signal
-import subprocess
 import sys
 import threading
 import time
-import traceback
 import warnings
 
 import numpy as np
 
 import mkl_alloc
 from mkl_alloc import MKLMemory, is_mkl_array, numpy_memory
+
+from forking import fork_one, hung, wait_with_deadline
 
 # CPython 3.12+ warns when a multi-threaded process forks; forking from
 # threads is exactly what is tested here.
@@ -161,46 +159,6 @@ def child_work() -> None:
     mkl_alloc.free_buffers()
 
 
-def stack_of(pid: int) -> str:
-    """Every thread's stack of a hung process, from gdb (if it is there)."""
-    try:
-        r = subprocess.run(
-            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-            capture_output=True, text=True, timeout=60,
-        )
-        return r.stdout + r.stderr
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"(no stack: {e!r})"
-
-
-def wait_with_deadline(pid: int, deadline: float) -> int | None:
-    """The child's wait status, or None if it has not exited by the deadline.
-    Blocks in select() on a pidfd (the interpreter detached) where there is
-    one, else polls waitpid(WNOHANG)."""
-    end = time.monotonic() + deadline
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    try:
-        pause = 0.0002
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                return status
-            left = end - time.monotonic()
-            if left <= 0:
-                return None
-            if fd is not None:
-                select.select([fd], [], [], left)
-            else:
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 0.02)
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
 def start_workers() -> tuple[threading.Event, threading.Event, list[Worker]]:
     """THREADS workers, running (``go`` set) once this returns."""
     stop, go = threading.Event(), threading.Event()
@@ -237,15 +195,7 @@ def run_forks(n: int) -> int:
         before = sum(w.ops for w in workers)
         go.set()
         time.sleep(rng.uniform(0.0005, 0.003))
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                child_work()
-            except BaseException:  # noqa: BLE001 - the exit status tells the parent
-                traceback.print_exc()
-                code = 3
-            os._exit(code)
+        pid = fork_one(child_work)
         go.clear()
         forks += 1
         status = wait_with_deadline(pid, CHILD_DEADLINE)
@@ -253,12 +203,7 @@ def run_forks(n: int) -> int:
         busy_forks += after > before
         ops += after - before
         if status is None:
-            failures.append(
-                f"fork {i}: child {pid} still running after {CHILD_DEADLINE} s; its stack:\n"
-                + stack_of(pid)
-            )
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            failures.append(hung(i, pid, CHILD_DEADLINE))
             break
         if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
             failures.append(f"fork {i}: child {pid} ended with wait status {status:#x}")

@@ -8,10 +8,10 @@ do; a hung child's stack (gdb) is in the failure message."""
 import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
+
+from forking import run_program
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork"), reason="no os.fork on this platform (Windows has no fork)"
@@ -33,15 +33,7 @@ def run_stress(environment, *args, timeout):
     env = {k: v for k, v in os.environ.items()
            if k not in ("MKL_ALLOC_BLOCK_CACHE", "MKL_ALLOC_HUGE_PAGES")}
     env.update(ENVIRONMENTS[environment])
-    try:
-        r = subprocess.run([sys.executable, str(STRESS), *args], env=env,
-                           capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"fork_stress.py {' '.join(args)} ran over {timeout} s:\n"
-                    f"{e.stdout}\n{e.stderr}")
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
-    return r.stdout.strip().splitlines()[-1]
+    return run_program(str(STRESS), *args, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("environment", list(ENVIRONMENTS))

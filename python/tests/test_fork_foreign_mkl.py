@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 import sys
 import threading
 import time
 import warnings
 
-from test_fork_mkl_first import fork_children, mkl_rt
+from forking import fork_children, mkl_rt, run_program
 
 # 1,000 (issue 41's count); 150 at the small scale of CI's later runs.
 FORKS = 150 if os.environ.get("MKL_ALLOC_TEST_SCALE") == "small" else 1000
@@ -33,14 +32,6 @@ FORKS = 150 if os.environ.get("MKL_ALLOC_TEST_SCALE") == "small" else 1000
 def fft_loop(rt: ctypes.CDLL, stop: threading.Event, counts: list[int]) -> None:
     """Complex double 1-D FFTs of a few sizes, each descriptor created,
     committed (MKL allocates its workspace), used and freed."""
-    rt.DftiCreateDescriptor_d_1d.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                             ctypes.c_long]
-    rt.DftiCreateDescriptor_d_1d.restype = ctypes.c_long
-    rt.DftiCommitDescriptor.argtypes = [ctypes.c_void_p]
-    rt.DftiCommitDescriptor.restype = ctypes.c_long
-    rt.DftiComputeForward.restype = ctypes.c_long
-    rt.DftiFreeDescriptor.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    rt.DftiFreeDescriptor.restype = ctypes.c_long
     data = (ctypes.c_double * (2 * 4096))()
     k = 0
     while not stop.is_set():
@@ -104,16 +95,11 @@ def test_fork_beside_threads_calling_mkl_without_mkl_alloc() -> None:
 
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork on this platform (Windows has no fork)")
-    try:
-        r = subprocess.run([sys.executable, __file__, str(FORKS)], capture_output=True,
-                           text=True, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"ran over 300 s:\n{e.stdout}\n{e.stderr}")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"forks={FORKS} failures=0" in r.stdout, r.stdout + r.stderr
+    summary = run_program(__file__, str(FORKS), timeout=300)
+    assert f"forks={FORKS} failures=0" in summary, summary
     # Both loops ran around the forks.
-    counts = dict(part.split("=") for part in r.stdout.split()[-5:])
-    assert int(counts["ffts"]) > 0 and int(counts["mallocs"]) > 0, r.stdout
+    counts = dict(part.split("=") for part in summary.split())
+    assert int(counts["ffts"]) > 0 and int(counts["mallocs"]) > 0, summary
 
 
 if __name__ == "__main__":

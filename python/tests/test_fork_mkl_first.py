@@ -19,13 +19,13 @@ is printed, it is killed, and the program exits 1."""
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import os
-import subprocess
 import sys
 import threading
 import time
 import warnings
+
+from forking import fork_children, mkl_rt, run_program
 
 # 2,000; 300 at the small scale of CI's later runs of the suite (see
 # test_fork.py).
@@ -33,26 +33,10 @@ FORKS = 300 if os.environ.get("MKL_ALLOC_TEST_SCALE") == "small" else 2000
 CHILD_DEADLINE = 5.0
 
 
-def mkl_rt() -> ctypes.CDLL:
-    """The `mkl` wheel's libmkl_rt.so.3: the library the extension links."""
-    for f in importlib.metadata.distribution("mkl").files or []:
-        if f.name == "libmkl_rt.so.3":
-            return ctypes.CDLL(str(f.locate()), mode=ctypes.RTLD_GLOBAL)
-    raise RuntimeError("the `mkl` package is installed without libmkl_rt.so.3")
-
-
 def fft_first(rt: ctypes.CDLL) -> None:
     """One complex double-precision 1-D FFT through DFTI, as mkl_fft makes:
     MKL's first calls of the process, its memory manager's among them."""
     handle = ctypes.c_void_p()
-    rt.DftiCreateDescriptor_d_1d.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                             ctypes.c_long]
-    rt.DftiCreateDescriptor_d_1d.restype = ctypes.c_long
-    rt.DftiCommitDescriptor.argtypes = [ctypes.c_void_p]
-    rt.DftiCommitDescriptor.restype = ctypes.c_long
-    rt.DftiComputeForward.restype = ctypes.c_long
-    rt.DftiFreeDescriptor.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    rt.DftiFreeDescriptor.restype = ctypes.c_long
     DFTI_COMPLEX = 32
     n = 64
     assert rt.DftiCreateDescriptor_d_1d(ctypes.byref(handle), DFTI_COMPLEX, n) == 0
@@ -61,56 +45,6 @@ def fft_first(rt: ctypes.CDLL) -> None:
     assert rt.DftiComputeForward(handle, data) == 0
     assert abs(data[0] - n) < 1e-9 and abs(data[2]) < 1e-9  # the transform of ones
     assert rt.DftiFreeDescriptor(ctypes.byref(handle)) == 0
-
-
-def stack_of(pid: int) -> str:
-    try:
-        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
-                           capture_output=True, text=True, timeout=60)
-        return r.stdout + r.stderr
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"(no stack: {e!r})"
-
-
-def wait_with_deadline(pid: int, deadline: float) -> int | None:
-    end = time.monotonic() + deadline
-    pause = 0.0002
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return status
-        if time.monotonic() > end:
-            return None
-        time.sleep(pause)
-        pause = min(pause * 2, 0.01)
-
-
-def fork_children(forks: int, child) -> tuple[int, str | None]:
-    """Forks ``forks`` times; each child runs ``child()`` and ``_exit``s with
-    0 (3 if it raised). Returns the forks made and the first failure: a
-    child that ended otherwise, or one still running after
-    ``CHILD_DEADLINE`` (its stack, then killed)."""
-    done = 0
-    for i in range(forks):
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                child()
-            except BaseException:  # noqa: BLE001 - the exit status tells the parent
-                code = 3
-            os._exit(code)
-        done += 1
-        status = wait_with_deadline(pid, CHILD_DEADLINE)
-        if status is None:
-            failure = (f"fork {i}: child {pid} still running after {CHILD_DEADLINE} s; "
-                       f"its stack:\n{stack_of(pid)}")
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            return done, failure
-        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-            return done, f"fork {i}: child {pid} ended with wait status {status:#x}"
-    return done, None
 
 
 def main(forks: int) -> int:
@@ -142,7 +76,7 @@ def main(forks: int) -> int:
         assert mkl_alloc.mem_stat().live_bytes >= 0
         MKLMemory(64)
 
-    done, failure = fork_children(forks, child)
+    done, failure = fork_children(forks, child, CHILD_DEADLINE)
     stop.set()
     for c in churners:
         c.join(timeout=30)
@@ -158,13 +92,8 @@ def test_fork_while_threads_exit_after_mkl_ran_first() -> None:
 
     if not hasattr(os, "fork"):
         pytest.skip("no os.fork on this platform (Windows has no fork)")
-    try:
-        r = subprocess.run([sys.executable, __file__, str(FORKS)], capture_output=True,
-                           text=True, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"ran over 300 s:\n{e.stdout}\n{e.stderr}")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"forks={FORKS} failures=0" in r.stdout, r.stdout + r.stderr
+    summary = run_program(__file__, str(FORKS), timeout=300)
+    assert f"forks={FORKS} failures=0" in summary, summary
 
 
 if __name__ == "__main__":
