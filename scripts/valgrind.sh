@@ -95,12 +95,12 @@ cat >"$supp" <<'SUPP'
 SUPP
 
 export MKL_DISABLE_FAST_MM=1
-# Medium blocks off: MKL's 4 KiB-1 MiB blocks are glibc's again, heap blocks
-# memcheck sees and checks. A medium block is none to it (it is carved from
-# the crate's own mapping), and its leak search would scan the whole
-# reserved region (32 GiB under valgrind) at every exit, a forked child's
-# too: minutes of CPU per process.
-export MKL_ALLOC_MEDIUM=off
+# Medium blocks on (the default), unless MKL_ALLOC_MEDIUM is set: the crate
+# tells memcheck about them (src/backing/valgrind.rs), each a heap block
+# while live and inaccessible once freed, as is the region where no block
+# is, so that memcheck checks MKL's 4 KiB-1 MiB blocks on the crate's own
+# memory, and its leak search at exit skips the region's gigabytes.
+export MKL_ALLOC_MEDIUM="${MKL_ALLOC_MEDIUM:-on}"
 # A forked child under memcheck beside other work (CI runs valgrind beside
 # the Python steps) has taken more than the tests' 20 s.
 export MKL_ALLOC_FORK_DEADLINE_MS=90000

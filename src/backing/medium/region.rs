@@ -14,7 +14,7 @@
 #[cfg(not(miri))]
 use core::ptr;
 
-use super::heap::{REGION_MAX, SPAN};
+use super::heap::{REGION_MAX, SPAN, meta_spans};
 
 /// The smallest region tried (1 GiB).
 const REGION_MIN: usize = 1 << 30;
@@ -44,6 +44,9 @@ pub(super) fn reserve() -> Option<(*mut u8, usize)> {
             // SAFETY: the whole mapping just made; advice changes no
             // contents. Refused (no THP in the kernel): nothing to avoid.
             unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+            // To memcheck, no block is live past the metadata yet.
+            let meta = meta_spans(len) * SPAN;
+            super::super::valgrind::mark_noaccess(p.addr() + meta, len - meta);
             debug_assert!(len % SPAN == 0);
             return Some((p.cast(), len));
         }
@@ -58,7 +61,7 @@ pub(super) fn reserve() -> Option<(*mut u8, usize)> {
 /// plain allocation instead).
 #[cfg(miri)]
 pub(super) fn reserve() -> Option<(*mut u8, usize)> {
-    let _ = (REGION_MIN, REGION_MAX, SPAN);
+    let _ = (REGION_MIN, REGION_MAX, SPAN, meta_spans);
     None
 }
 
@@ -85,14 +88,15 @@ pub(super) unsafe fn unreserve(_p: *mut u8, _len: usize) {}
 pub(super) unsafe fn purge(p: *mut u8, len: usize) {
     // SAFETY: the caller's contract: private anonymous memory of ours
     // whose contents nobody needs.
+    // (Free blocks stay inaccessible to memcheck: the block that reuses
+    // them is handed out as reading zero, see `medium::alloc`.)
     let r = unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
-    if r == 0 {
-        // memcheck does not know that released pages read as zero.
-        super::super::valgrind::mark_defined(p.addr(), len);
-    } else {
+    if r != 0 {
         // Never expected; zero the block so that "clean" stays true.
+        super::super::valgrind::mark_defined(p.addr(), len);
         // SAFETY: as above, ours to write.
         unsafe { p.write_bytes(0, len) };
+        super::super::valgrind::mark_noaccess(p.addr(), len);
     }
 }
 
