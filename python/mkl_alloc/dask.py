@@ -52,7 +52,7 @@ import mkl_alloc
 if TYPE_CHECKING:
     from distributed import Worker
 
-__all__ = ["NumpyOnMKL", "PLUGIN_NAME", "METRICS", "dask_setup"]
+__all__ = ["NumpyOnMKL", "PLUGIN_NAME", "METRICS", "TRIM_CALLBACK", "dask_setup"]
 
 #: The name the plugin registers under, on the scheduler and on each worker:
 #: registering a second ``NumpyOnMKL`` replaces the first (its teardown runs).
@@ -113,6 +113,26 @@ METRICS: dict[str, Callable[[Worker], int]] = {
 }
 
 
+#: The name of the plugin's idle trim among ``Worker.periodic_callbacks``.
+TRIM_CALLBACK = "mkl_alloc-idle-trim"
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library is not glibc."""
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        f = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_size_t]
+    f.restype = ctypes.c_int
+    return cast("Callable[[int], int]", f)
+
+
 class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
     """A ``distributed.WorkerPlugin`` that puts the data of the arrays
     NumPy allocates in every later task of a worker on MKL memory
@@ -126,34 +146,68 @@ class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
     2**30). Teardown (``client.unregister_worker_plugin(PLUGIN_NAME)``, or
     the worker closing) puts later tasks back on NumPy's default handler
     and removes the metrics; arrays made before stay valid.
+
+    ``trim_after`` (seconds, default 1): once the worker has gone that long
+    without a task changing state, and no task runs, the plugin calls
+    glibc's ``malloc_trim(0)`` once, which gives back the free pages inside
+    the C heap (what Dask's and Python's own objects for the released
+    tasks left between live ones; the arrays' memory the crate gives back
+    by itself). It runs again only after the worker has been busy. Checked
+    every ``trim_after`` seconds on the worker's event loop; ``None`` turns
+    it off, and where the C library is not glibc there is none.
+    ``trims`` counts the trims this plugin ran on its worker.
     """
 
     name = PLUGIN_NAME
     idempotent = False
 
-    def __init__(self, alignment: int = 64) -> None:
+    def __init__(self, alignment: int = 64, trim_after: float | None = 1.0) -> None:
         mkl_alloc.numpy_handler(alignment)  # checks it, on the client
+        if trim_after is not None and not (isinstance(trim_after, (int, float)) and trim_after > 0):
+            raise ValueError(
+                f"NumpyOnMKL(trim_after={trim_after!r}): the idle time before a trim is a "
+                "number of seconds above 0, or None for no trim"
+            )
         self.alignment = alignment
+        self.trim_after = trim_after
+        self.trims = 0
+        self._seen: int | None = None
+        self._trimmed = False
         self._active = False
         self._wrapper: Callable[..., Awaitable[Any]] | None = None
         self._previous: Callable[..., Awaitable[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """What is sent to the workers: the alignment only (a plugin set up
+        """What is sent to the workers: the settings only (a plugin set up
         on one worker is never sent on)."""
-        return {"alignment": self.alignment}
+        return {"alignment": self.alignment, "trim_after": self.trim_after}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A plugin not yet set up, from :meth:`__getstate__`'s state."""
-        self.__init__(state["alignment"])  # type: ignore[misc,unused-ignore]
+        self.__init__(state["alignment"], state.get("trim_after", 1.0))  # type: ignore[misc,unused-ignore]
 
     def __repr__(self) -> str:
-        return f"NumpyOnMKL(alignment={self.alignment})"
+        return f"NumpyOnMKL(alignment={self.alignment}, trim_after={self.trim_after})"
+
+    def _trim_if_idle(self, worker: Worker, trim: Callable[[int], int]) -> None:
+        """The idle trim's check: trims once when no task has changed state
+        since the last check and none runs."""
+        state = worker.state
+        seen = state.transition_counter
+        if seen != self._seen:
+            self._seen, self._trimmed = seen, False  # busy since the last check
+            return
+        if self._trimmed or state.executing_count or state.long_running:
+            return
+        trim(0)
+        self._trimmed = True
+        self.trims += 1
 
     def setup(self, worker: Worker) -> None:
         """Wraps ``worker.execute`` so that each task's asyncio task sets
         the handler in its own context before the worker copies that
-        context for the task's thread, and adds :data:`METRICS`."""
+        context for the task's thread, adds :data:`METRICS`, and starts the
+        idle trim (``worker.periodic_callbacks[TRIM_CALLBACK]``)."""
         execute = getattr(worker, "execute", None)
         if execute is None or not callable(execute):
             raise RuntimeError(
@@ -174,11 +228,18 @@ class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
         self._active = True
         setattr(worker, "execute", execute_on_mkl)  # this worker's, not the class's
         worker.metrics.update(METRICS)
+        trim = _malloc_trim() if self.trim_after is not None else None
+        if trim is not None and self.trim_after is not None:
+            from tornado.ioloop import PeriodicCallback
+
+            pc = PeriodicCallback(lambda: self._trim_if_idle(worker, trim), self.trim_after * 1000)
+            worker.periodic_callbacks[TRIM_CALLBACK] = pc
+            pc.start()
 
     def teardown(self, worker: Worker) -> None:
         """Puts later tasks back on NumPy's default handler (tasks already
-        running keep theirs) and removes :data:`METRICS` from the worker's
-        metrics."""
+        running keep theirs), removes :data:`METRICS` from the worker's
+        metrics and stops the idle trim."""
         self._active = False
         if self._wrapper is not None and worker.__dict__.get("execute") is self._wrapper:
             previous = self._previous
@@ -191,6 +252,9 @@ class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
         # Else something wrapped execute after the plugin: the wrapper stays
         # in its chain, inactive (it only calls on).
         self._wrapper = self._previous = None
+        pc = worker.periodic_callbacks.pop(TRIM_CALLBACK, None)
+        if pc is not None:
+            pc.stop()
         for key, metric in METRICS.items():
             if worker.metrics.get(key) is metric:
                 del worker.metrics[key]

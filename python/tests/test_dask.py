@@ -183,6 +183,49 @@ def test_teardown_puts_later_tasks_back_and_keeps_earlier_arrays(client, plugin)
 def test_a_bad_alignment_is_refused_on_the_client():
     with pytest.raises(ValueError):
         mkl_dask.NumpyOnMKL(alignment=3)
+    for bad in (0, -1.0, "1"):
+        with pytest.raises(ValueError, match="trim_after"):
+            mkl_dask.NumpyOnMKL(trim_after=bad)
+
+
+def trims(client):
+    return client.run(lambda dask_worker: dask_worker.plugins[mkl_dask.PLUGIN_NAME].trims)
+
+
+def wait_for_trims(client, least, timeout=15):
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = trims(client)
+        if all(n >= least.get(w, 1) for w, n in counts.items()):
+            return counts
+        assert time.monotonic() < deadline, f"no idle trim: {counts}, expected {least}"
+        time.sleep(0.1)
+
+
+def test_an_idle_worker_trims_the_c_heap_once_per_idle_spell(client):
+    client.register_plugin(mkl_dask.NumpyOnMKL(trim_after=0.2))
+    try:
+        idle = wait_for_trims(client, {})
+        time.sleep(1.0)  # five more checks, still idle: no second trim
+        assert trims(client) == idle
+        # Work on every worker, then idle again: one trim more each.
+        run_probes(client)
+        wait_for_trims(client, {w: n + 1 for w, n in idle.items()})
+        time.sleep(1.0)
+        assert all(n == idle[w] + 1 for w, n in trims(client).items()), (idle, trims(client))
+    finally:
+        client.unregister_worker_plugin(mkl_dask.PLUGIN_NAME)
+    assert set(client.run(
+        lambda dask_worker: mkl_dask.TRIM_CALLBACK in dask_worker.periodic_callbacks).values()) == {False}
+
+
+def test_no_trim_when_turned_off(client):
+    client.register_plugin(mkl_dask.NumpyOnMKL(trim_after=None))
+    try:
+        assert set(client.run(
+            lambda dask_worker: mkl_dask.TRIM_CALLBACK in dask_worker.periodic_callbacks).values()) == {False}
+    finally:
+        client.unregister_worker_plugin(mkl_dask.PLUGIN_NAME)
 
 
 def test_local_cluster_preload():
