@@ -230,7 +230,7 @@ class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
         worker.metrics.update(METRICS)
         trim = _malloc_trim() if self.trim_after is not None else None
         if trim is not None and self.trim_after is not None:
-            from tornado.ioloop import PeriodicCallback
+            from tornado.ioloop import PeriodicCallback  # type: ignore[import-not-found,unused-ignore]
 
             pc = PeriodicCallback(lambda: self._trim_if_idle(worker, trim), self.trim_after * 1000)
             worker.periodic_callbacks[TRIM_CALLBACK] = pc
