@@ -385,19 +385,10 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
             // SAFETY: the block was allocated with this layout (caller's
             // contract), hence by MKL, and is freed once.
             unsafe { mkl_side::free(ptr, layout.size()) }
-        } else if crate::block_cache::tick_due() {
-            // The small side's frees count towards the block cache's decay
-            // too (a thread-local countdown; see `block_cache::TICKS`); the
-            // decay returns before the small side is called, holding
-            // nothing. Out of line, so that the path below stays a tail
-            // call. With the background decay thread running the countdown
-            // is skipped: one relaxed load, then the small side's free.
-            // SAFETY: as below.
-            unsafe { dealloc_small_after_decay(&self.small, ptr, layout) }
         } else {
             // SAFETY: the block was allocated with this layout, hence by
-            // the small side with this same layout.
-            unsafe { self.small.dealloc(ptr, layout) }
+            // the small side with this same layout; freed once.
+            unsafe { small_side::free(&self.small, ptr, layout) }
         }
     }
 
@@ -456,21 +447,62 @@ mod mkl_side {
     }
 }
 
-/// Every [`TICKS`](crate::block_cache::TICKS)th small free of a thread:
-/// the block cache's decay, then the free.
+/// The small side's free, out of line: the block cache's decay check, then
+/// the small side's own free, tail-called.
 ///
-/// # Safety
-/// `ptr` is a live block that `small` allocated with `layout`, freed once.
-#[cold]
-#[inline(never)]
-unsafe fn dealloc_small_after_decay<S: GlobalAlloc>(small: &S, ptr: *mut u8, layout: Layout) {
-    // A child whose parent ran the background thread starts its own here
-    // (outside every lock; spawning allocates, re-entering this allocator,
-    // which is fine: nothing is held).
-    crate::background::resume();
-    crate::block_cache::idle_decay();
-    // SAFETY: the caller's contract.
-    unsafe { small.dealloc(ptr, layout) }
+/// Why out of line: `dealloc` is inlined into every place a program frees
+/// (it is generic), so whatever it holds makes each of those callers
+/// bigger. With the check inlined there, callers that LLVM inlined before
+/// stopped being inlined into theirs: on the service workload, BTreeMap's
+/// `deallocating_next` became a call returning its 48-byte result through
+/// memory, whose reload stalled (a store forwarded to a wider load), and
+/// the split over mimalloc took 1.15-1.18x mimalloc's user time for a
+/// handful of instructions. Inlined now is what the split needs anyway
+/// (the routing test and one call on either side); the check costs one
+/// direct call and a jump here (docs/performance.md, "The small free's
+/// check, out of line").
+mod small_side {
+    use core::alloc::{GlobalAlloc, Layout};
+
+    /// Frees a small block: the small side's `dealloc`, and every
+    /// [`TICKS`](crate::block_cache::TICKS)th small free of a thread
+    /// without the background thread the block cache's decay first.
+    ///
+    /// # Safety
+    /// `ptr` is a live block that `small` allocated with `layout`, freed
+    /// once.
+    #[inline(never)]
+    pub(super) unsafe fn free<S: GlobalAlloc>(small: &S, ptr: *mut u8, layout: Layout) {
+        if crate::block_cache::tick_due() {
+            // The small side's frees count towards the block cache's decay
+            // too (a thread-local countdown; see `block_cache::TICKS`); the
+            // decay returns before the small side is called, holding
+            // nothing. With the background decay thread running the
+            // countdown is skipped: one relaxed load.
+            // SAFETY: the caller's contract.
+            unsafe { free_after_decay(small, ptr, layout) }
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { small.dealloc(ptr, layout) }
+        }
+    }
+
+    /// Every [`TICKS`](crate::block_cache::TICKS)th small free of a
+    /// thread: the block cache's decay, then the free.
+    ///
+    /// # Safety
+    /// As [`free`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_after_decay<S: GlobalAlloc>(small: &S, ptr: *mut u8, layout: Layout) {
+        // A child whose parent ran the background thread starts its own
+        // here (outside every lock; spawning allocates, re-entering this
+        // allocator, which is fine: nothing is held).
+        crate::background::resume();
+        crate::block_cache::idle_decay();
+        // SAFETY: the caller's contract.
+        unsafe { small.dealloc(ptr, layout) }
+    }
 }
 
 /// [`resize_split`] out of line, for `GlobalAlloc::realloc` once a resize
