@@ -147,14 +147,15 @@ class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
     the worker closing) puts later tasks back on NumPy's default handler
     and removes the metrics; arrays made before stay valid.
 
-    ``trim_after`` (seconds, default 1): once the worker has gone that long
-    without a task changing state, and no task runs, the plugin calls
-    glibc's ``malloc_trim(0)`` once, which gives back the free pages inside
-    the C heap (what Dask's and Python's own objects for the released
-    tasks left between live ones; the arrays' memory the crate gives back
-    by itself). It runs again only after the worker has been busy. Checked
-    every ``trim_after`` seconds on the worker's event loop; ``None`` turns
-    it off, and where the C library is not glibc there is none.
+    ``trim_after`` (seconds, default 1): the period of the idle check on
+    the worker's event loop. At the first check that finds no task has
+    changed state since the one before and none running (one to two
+    periods after the last task finished), the plugin calls glibc's
+    ``malloc_trim(0)`` once, which gives back the free pages inside the C
+    heap (what Dask's and Python's own objects for the released tasks left
+    between live ones; the arrays' memory the crate gives back by itself).
+    It runs again only after the worker has been busy. ``None`` turns it
+    off, and where the C library is not glibc there is none.
     ``trims`` counts the trims this plugin ran on its worker.
     """
 
@@ -163,7 +164,9 @@ class NumpyOnMKL(WorkerPlugin):  # type: ignore[misc,unused-ignore]
 
     def __init__(self, alignment: int = 64, trim_after: float | None = 1.0) -> None:
         mkl_alloc.numpy_handler(alignment)  # checks it, on the client
-        if trim_after is not None and not (isinstance(trim_after, (int, float)) and trim_after > 0):
+        if trim_after is not None and (
+            isinstance(trim_after, bool) or not (isinstance(trim_after, (int, float)) and trim_after > 0)
+        ):
             raise ValueError(
                 f"NumpyOnMKL(trim_after={trim_after!r}): the idle time before a trim is a "
                 "number of seconds above 0, or None for no trim"

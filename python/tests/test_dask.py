@@ -183,7 +183,7 @@ def test_teardown_puts_later_tasks_back_and_keeps_earlier_arrays(client, plugin)
 def test_a_bad_alignment_is_refused_on_the_client():
     with pytest.raises(ValueError):
         mkl_dask.NumpyOnMKL(alignment=3)
-    for bad in (0, -1.0, "1"):
+    for bad in (0, -1.0, "1", True):
         with pytest.raises(ValueError, match="trim_after"):
             mkl_dask.NumpyOnMKL(trim_after=bad)
 
