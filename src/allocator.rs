@@ -155,6 +155,11 @@ unsafe fn alloc_slow(
     zeroed: bool,
 ) -> *mut u8 {
     process::ensure_ready();
+    // A program that let go of its medium blocks: this allocation is a
+    // decay point (see `backing::medium`).
+    if crate::backing::medium::let_go_pending() {
+        crate::backing::medium::let_go();
+    }
     if zeroed && !advise && size < LAZY_ZERO_MIN {
         return mkl_calloc(size, align);
     }

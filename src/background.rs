@@ -13,6 +13,11 @@
 //! program does, and the program's small frees do no decay work at all:
 //! the per-thread countdown is skipped (one relaxed load instead).
 //!
+//! Without the thread, medium blocks a program lets go of (a run of
+//! frees past 16 MiB with no medium allocation between) are given back at
+//! its next allocation of any size after the decay time (see the medium
+//! heap's docs in `backing`); the thread needs no allocation at all.
+//!
 //! **Opt-in in Rust**, as jemalloc's `background_thread` is: call
 //! [`start`], or set `MKL_ALLOC_BACKGROUND=on`, read once at the crate's
 //! setup (at load on Linux, from an ELF constructor; otherwise at the first

@@ -75,6 +75,17 @@ pub(crate) fn slow(size: usize) -> bool {
     size >= SLOW.load(Relaxed)
 }
 
+/// Every allocation takes the slow path while `on` (the word at 0), else
+/// the word is back at its value: for the medium heap's flag of a program
+/// that let go of its work (`backing::medium`), whose check thus costs the
+/// fast path nothing. Before the setup the word stays 0.
+#[cfg_attr(loom, allow(dead_code))] // loom's medium heap is its model's own
+pub(crate) fn all_slow(on: bool) {
+    if READY.load(Relaxed) {
+        SLOW.store(if on { 0 } else { THRESHOLD }, Relaxed);
+    }
+}
+
 /// Runs the setup if it has not run (the first slow call of the process).
 #[inline(always)]
 pub(crate) fn ensure_ready() {

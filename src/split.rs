@@ -364,7 +364,7 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
             unsafe { mkl_side::alloc(layout.size(), layout.align()) }
         } else {
             // SAFETY: layout.size() > 0 (GlobalAlloc's contract).
-            unsafe { self.small.alloc(layout) }
+            unsafe { small_side::alloc(&self.small, layout) }
         }
     }
 
@@ -375,7 +375,7 @@ unsafe impl<S: GlobalAlloc, const THRESHOLD: usize> GlobalAlloc
             unsafe { mkl_side::alloc_zeroed(layout.size(), layout.align()) }
         } else {
             // SAFETY: as in alloc.
-            unsafe { self.small.alloc_zeroed(layout) }
+            unsafe { small_side::alloc_zeroed(&self.small, layout) }
         }
     }
 
@@ -463,6 +463,37 @@ mod mkl_side {
 /// check, out of line").
 mod small_side {
     use core::alloc::{GlobalAlloc, Layout};
+
+    use crate::backing::medium;
+
+    /// A small block: the small side's `alloc`, tail-called, after the
+    /// decay if the program let go of its medium blocks (one relaxed load;
+    /// see `backing::medium`): so that one allocation after an idle pause
+    /// gives them back, whichever side it goes to.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`: `layout.size() > 0`.
+    #[inline(never)]
+    pub(super) unsafe fn alloc<S: GlobalAlloc>(small: &S, layout: Layout) -> *mut u8 {
+        if medium::let_go_pending() {
+            medium::let_go();
+        }
+        // SAFETY: the caller's contract.
+        unsafe { small.alloc(layout) }
+    }
+
+    /// As [`alloc`], zeroed.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc_zeroed`: `layout.size() > 0`.
+    #[inline(never)]
+    pub(super) unsafe fn alloc_zeroed<S: GlobalAlloc>(small: &S, layout: Layout) -> *mut u8 {
+        if medium::let_go_pending() {
+            medium::let_go();
+        }
+        // SAFETY: the caller's contract.
+        unsafe { small.alloc_zeroed(layout) }
+    }
 
     /// Frees a small block: the small side's `dealloc`, and every
     /// [`TICKS`](crate::block_cache::TICKS)th small free of a thread

@@ -293,6 +293,94 @@ fn retention_child() {
     }
 }
 
+/// Without the background thread, a program that frees more than 16 MiB
+/// of medium blocks with no medium allocation between (it lets go of its
+/// work) gives them back at its next allocation after the decay time, a
+/// small one too: through the split's small side or `MklAllocator`
+/// (which MKL serves from its own small buffers). Frees between medium
+/// allocations (a working set in use) do not make small allocations
+/// decay points.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(not(target_os = "linux"), ignore = "medium blocks are Linux's")]
+fn a_program_that_lets_go_gives_back_at_its_next_small_allocation() {
+    run_alone("let_go_child", &[("LET_GO_VIA", "split")]);
+    run_alone("let_go_child", &[("LET_GO_VIA", "mkl")]);
+    run_alone("let_go_child", &[("LET_GO_VIA", "working")]);
+}
+
+#[test]
+#[ignore = "run by a_program_that_lets_go_gives_back_at_its_next_small_allocation"]
+fn let_go_child() {
+    if !medium_here() {
+        return;
+    }
+    let via = std::env::var("LET_GO_VIA").unwrap();
+    let working = via == "working";
+    assert!(!mkl_alloc::background::is_running());
+    block_cache::enable(256 * MIB);
+    block_cache::set_decay_ms(100);
+    let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
+    let keep = Layout::from_size_align(8 * KIB, 64).unwrap();
+    let blocks: Vec<*mut u8> = (0..64 * MIB / layout.size())
+        .map(|i| {
+            // SAFETY: a non-zero layout; written within it.
+            unsafe {
+                let p = MklAllocator.alloc(layout);
+                assert!(!p.is_null());
+                p.write_bytes(i as u8, layout.size());
+                p
+            }
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for p in blocks {
+        if working {
+            // A medium allocation between frees: the working set in use.
+            // SAFETY: a non-zero layout, kept live to the end.
+            kept.push(unsafe { MklAllocator.alloc(keep) });
+        }
+        // SAFETY: live blocks of `layout`, freed once.
+        unsafe { MklAllocator.dealloc(p, layout) };
+    }
+    let dirty = medium().1;
+    assert!(dirty >= (60 * MIB) as u64, "kept dirty for reuse: {dirty}");
+    // Idle past the decay time, with no call of the crate's: no thread.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(medium().1, dirty, "decayed with no call and no thread");
+    let before = rss();
+    let small = Layout::from_size_align(32, 8).unwrap();
+    // SAFETY: a non-zero layout; the block is freed at the end.
+    let p = unsafe {
+        if via == "split" {
+            MklSplitAllocator.alloc(small)
+        } else {
+            MklAllocator.alloc(small)
+        }
+    };
+    assert!(!p.is_null());
+    let after = rss();
+    let end = medium().1;
+    eprintln!("{via}: dirty {dirty} -> {end}, RSS {before} -> {after}");
+    if working {
+        assert_eq!(end, dirty, "a small allocation decayed a working set");
+    } else {
+        assert_eq!(end, 0, "one small allocation after the pause");
+        assert!(after + 56 * MIB < before, "RSS {before} -> {after}");
+    }
+    // SAFETY: live blocks of these layouts, freed once.
+    unsafe {
+        if via == "split" {
+            MklSplitAllocator.dealloc(p, small);
+        } else {
+            MklAllocator.dealloc(p, small);
+        }
+        for q in kept {
+            MklAllocator.dealloc(q, keep);
+        }
+    }
+}
+
 /// `MKL_ALLOC_MEDIUM` is one of the crate's switches: `off` keeps medium
 /// requests on the previous functions, any other value keeps it on.
 #[test]

@@ -46,6 +46,28 @@
 //! take a batch of blocks off the dirty list, and again to put them on
 //! the clean list), adjacent blocks in one call.
 //!
+//! **A program that lets go of its work, without a background thread.**
+//! The decay runs at the crate's calls, or on the background decay thread
+//! ([`crate::background`]). Without the thread, a program that frees its
+//! medium blocks and then makes no call that reaches the crate's memory
+//! (it allocates only small objects, which the split's small side or
+//! MKL's own small buffers serve) would keep them resident for as long as
+//! it runs. The crate tells such a program by its frees: a run of frees
+//! with no medium allocation between that passes [`LET_GO`] (16 MiB) is a
+//! program letting go of its work, not one reusing it (a working set in
+//! use frees and allocates in turn). From then on, until the run's dirty
+//! blocks are reused or decayed, every allocation through the crate's
+//! allocators is a decay point, small ones too (`MklAllocator`'s, which
+//! MKL serves from its own buffers, and the split's small side's): a
+//! coarse clock read, and the decay once due. So one allocation after an
+//! idle pause gives back what decayed meanwhile, as one medium allocation
+//! always did. Otherwise the check costs the split's small allocation a
+//! relaxed load (in an out-of-line call that tail-calls the small side)
+//! and `MklAllocator`'s nothing: the flag zeroes the word its every call
+//! already compares with (`process::all_slow`), so that its allocations
+//! take the slow path, which checks. With the thread, nothing is flagged:
+//! the thread decays by the clock.
+//!
 //! **Figures.** [`MemStats`](crate::manager::MemStats) reports bytes in
 //! live medium blocks (`medium_live_bytes`, at their classes' sizes; MKL
 //! counts the same blocks in `bytes`, at the sizes asked), held dirty for
@@ -73,6 +95,12 @@ mod region;
 #[cfg(not(loom))]
 pub(crate) use instance::*;
 
+/// A run of frees with no medium allocation between that passes this many
+/// bytes is a program letting go of its work: until its dirty blocks are
+/// reused or decayed, every allocation of the crate's allocators is a
+/// decay point (see the module docs).
+pub(crate) const LET_GO: usize = 16 << 20;
+
 /// Under loom there is no process heap (the model builds its own).
 #[cfg(loom)]
 pub(crate) fn figures() -> (usize, usize, usize) {
@@ -82,15 +110,24 @@ pub(crate) fn figures() -> (usize, usize, usize) {
 #[cfg(loom)]
 pub(crate) fn empty() {}
 
+#[cfg(loom)]
+#[inline(always)]
+pub(crate) fn let_go_pending() -> bool {
+    false
+}
+
+#[cfg(loom)]
+pub(crate) fn let_go() {}
+
 #[cfg(doc)]
 use super::{MIN_CHUNK, block_cache};
 
 #[cfg(not(loom))]
 mod instance {
-    use core::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering::Relaxed};
+    use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
-    use super::class;
     use super::heap::{Env, Heap};
+    use super::{LET_GO, class};
     use crate::backing::block_cache;
 
     /// The process's medium heap (its region set at the first request).
@@ -106,16 +143,34 @@ mod instance {
     /// The classes the fork handler locked (bit `k`: class `k`).
     static FORK_TAKEN: AtomicU32 = AtomicU32::new(0);
 
+    /// Bytes freed since the last medium allocation while no background
+    /// thread serves the process: the current run of frees.
+    static RUN: AtomicUsize = AtomicUsize::new(0);
+
+    /// A run of frees passed [`LET_GO`] and its dirty blocks are not yet
+    /// reused or decayed: every allocation of the crate's allocators is a
+    /// decay point ([`let_go`]).
+    static LET_GO_PENDING: AtomicBool = AtomicBool::new(false);
+
+    /// Bytes in dirty blocks (the classes' `dirty` figures summed, in one
+    /// word): the flag clears once they are down to [`LET_GO`].
+    static DIRTY: AtomicUsize = AtomicUsize::new(0);
+
     /// The budget and the purge beneath the process's heap.
     struct Global;
 
     impl Env for Global {
         #[inline(always)]
         fn reserve(&self, n: usize) -> bool {
-            block_cache::reserve_medium(n)
+            let kept = block_cache::reserve_medium(n);
+            if kept {
+                DIRTY.fetch_add(n, Relaxed);
+            }
+            kept
         }
         #[inline(always)]
         fn unreserve(&self, n: usize) {
+            DIRTY.fetch_sub(n, Relaxed);
             block_cache::unreserve_medium(n)
         }
         unsafe fn purge(&self, p: *mut u8, len: usize) {
@@ -168,6 +223,14 @@ mod instance {
             return None;
         }
         let got = HEAP.alloc(k, &Global);
+        // A medium allocation ends the run of frees (see `let_go`), and
+        // clears the flag once the run's blocks are reused.
+        if RUN.load(Relaxed) != 0 {
+            RUN.store(0, Relaxed);
+        }
+        if LET_GO_PENDING.load(Relaxed) && DIRTY.load(Relaxed) <= LET_GO {
+            set_pending(false);
+        }
         if let Some((p, zero)) = got {
             // To memcheck, the whole class size (a resize within the class
             // keeps the block and copies nothing; one across copies it whole).
@@ -231,8 +294,61 @@ mod instance {
     #[inline]
     pub(crate) unsafe fn free(p: *mut u8) {
         crate::backing::valgrind::free_like(p.addr());
+        if !crate::background::serving() {
+            // SAFETY: the caller's contract: a live medium block.
+            count_free(unsafe { block_size(p) });
+        }
         // SAFETY: the caller's contract.
         unsafe { HEAP.free(p, crate::sys::now_ms(), &Global) }
+    }
+
+    /// Counts `n` bytes into the current run of frees (no medium
+    /// allocation since its first), without a background thread; a run
+    /// that passes [`LET_GO`] makes every allocation a decay point.
+    #[inline]
+    fn count_free(n: usize) {
+        let before = RUN.fetch_add(n, Relaxed);
+        if before + n > LET_GO && !LET_GO_PENDING.load(Relaxed) {
+            set_pending(true);
+        }
+    }
+
+    /// Sets or clears the flag, and with it the allocation path's word
+    /// (`process::all_slow`): while it is set every `MklAllocator`
+    /// allocation takes the slow path, which calls [`let_go`].
+    fn set_pending(on: bool) {
+        if LET_GO_PENDING.load(Relaxed) != on {
+            LET_GO_PENDING.store(on, Relaxed);
+            crate::process::all_slow(on);
+        }
+    }
+
+    /// Whether a program let go of its work (see the module docs): the
+    /// allocators' check, one relaxed load; [`let_go`] when true.
+    #[inline(always)]
+    pub(crate) fn let_go_pending() -> bool {
+        LET_GO_PENDING.load(Relaxed)
+    }
+
+    /// An allocation after a run of frees past [`LET_GO`]: the block
+    /// cache's decay (medium blocks' and chunks'), which clears the flag
+    /// once the dirty blocks are down to [`LET_GO`]. Outside every lock;
+    /// allocates nothing.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn let_go() {
+        if crate::background::serving() {
+            set_pending(false);
+            return;
+        }
+        // Until a sweep is due: a clock read and a load.
+        if crate::sys::now_ms() < NEXT_SWEEP.load(Relaxed) {
+            return;
+        }
+        block_cache::idle_decay();
+        if DIRTY.load(Relaxed) <= LET_GO {
+            set_pending(false);
+        }
     }
 
     /// Gives back every dirty block freed at least
@@ -252,7 +368,11 @@ mod instance {
     #[inline]
     pub(crate) fn maybe_decay(now_ms: usize) {
         let due = NEXT_SWEEP.load(Relaxed);
-        if now_ms < due || !HEAP.any_dirty() {
+        if now_ms < due {
+            return;
+        }
+        if !HEAP.any_dirty() {
+            set_pending(false);
             return;
         }
         let next = now_ms.saturating_add((block_cache::decay_ms() / 4).max(1));
@@ -261,6 +381,9 @@ mod instance {
             .is_ok()
         {
             decay(now_ms);
+            if LET_GO_PENDING.load(Relaxed) && DIRTY.load(Relaxed) <= LET_GO {
+                set_pending(false);
+            }
         }
     }
 
