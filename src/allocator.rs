@@ -157,9 +157,7 @@ unsafe fn alloc_slow(
     process::ensure_ready();
     // A program that let go of its medium blocks: this allocation is a
     // decay point (see `backing::medium`).
-    if crate::backing::medium::let_go_pending() {
-        crate::backing::medium::let_go();
-    }
+    crate::backing::medium::at_allocation();
     if zeroed && !advise && size < LAZY_ZERO_MIN {
         return mkl_calloc(size, align);
     }

@@ -475,9 +475,7 @@ mod small_side {
     /// As `GlobalAlloc::alloc`: `layout.size() > 0`.
     #[inline(never)]
     pub(super) unsafe fn alloc<S: GlobalAlloc>(small: &S, layout: Layout) -> *mut u8 {
-        if medium::let_go_pending() {
-            medium::let_go();
-        }
+        medium::at_allocation();
         // SAFETY: the caller's contract.
         unsafe { small.alloc(layout) }
     }
@@ -488,9 +486,7 @@ mod small_side {
     /// As `GlobalAlloc::alloc_zeroed`: `layout.size() > 0`.
     #[inline(never)]
     pub(super) unsafe fn alloc_zeroed<S: GlobalAlloc>(small: &S, layout: Layout) -> *mut u8 {
-        if medium::let_go_pending() {
-            medium::let_go();
-        }
+        medium::at_allocation();
         // SAFETY: the caller's contract.
         unsafe { small.alloc_zeroed(layout) }
     }

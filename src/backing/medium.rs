@@ -112,12 +112,7 @@ pub(crate) fn empty() {}
 
 #[cfg(loom)]
 #[inline(always)]
-pub(crate) fn let_go_pending() -> bool {
-    false
-}
-
-#[cfg(loom)]
-pub(crate) fn let_go() {}
+pub(crate) fn at_allocation() {}
 
 #[cfg(doc)]
 use super::{MIN_CHUNK, block_cache};
@@ -228,9 +223,7 @@ mod instance {
         if RUN.load(Relaxed) != 0 {
             RUN.store(0, Relaxed);
         }
-        if LET_GO_PENDING.load(Relaxed) && DIRTY.load(Relaxed) <= LET_GO {
-            set_pending(false);
-        }
+        settle();
         if let Some((p, zero)) = got {
             // To memcheck, the whole class size (a resize within the class
             // keeps the block and copies nothing; one across copies it whole).
@@ -323,11 +316,22 @@ mod instance {
         }
     }
 
-    /// Whether a program let go of its work (see the module docs): the
-    /// allocators' check, one relaxed load; [`let_go`] when true.
+    /// Clears the flag once the dirty blocks are down to [`LET_GO`]
+    /// (reused or decayed).
     #[inline(always)]
-    pub(crate) fn let_go_pending() -> bool {
-        LET_GO_PENDING.load(Relaxed)
+    fn settle() {
+        if LET_GO_PENDING.load(Relaxed) && DIRTY.load(Relaxed) <= LET_GO {
+            set_pending(false);
+        }
+    }
+
+    /// The allocators' check (see the module docs): one relaxed load, and
+    /// [`let_go`] if a program let go of its work.
+    #[inline(always)]
+    pub(crate) fn at_allocation() {
+        if LET_GO_PENDING.load(Relaxed) {
+            let_go();
+        }
     }
 
     /// An allocation after a run of frees past [`LET_GO`]: the block
@@ -336,7 +340,7 @@ mod instance {
     /// allocates nothing.
     #[cold]
     #[inline(never)]
-    pub(crate) fn let_go() {
+    fn let_go() {
         if crate::background::serving() {
             set_pending(false);
             return;
@@ -346,9 +350,7 @@ mod instance {
             return;
         }
         block_cache::idle_decay();
-        if DIRTY.load(Relaxed) <= LET_GO {
-            set_pending(false);
-        }
+        settle();
     }
 
     /// Gives back every dirty block freed at least
@@ -368,11 +370,7 @@ mod instance {
     #[inline]
     pub(crate) fn maybe_decay(now_ms: usize) {
         let due = NEXT_SWEEP.load(Relaxed);
-        if now_ms < due {
-            return;
-        }
-        if !HEAP.any_dirty() {
-            set_pending(false);
+        if now_ms < due || !HEAP.any_dirty() {
             return;
         }
         let next = now_ms.saturating_add((block_cache::decay_ms() / 4).max(1));
@@ -381,9 +379,7 @@ mod instance {
             .is_ok()
         {
             decay(now_ms);
-            if LET_GO_PENDING.load(Relaxed) && DIRTY.load(Relaxed) <= LET_GO {
-                set_pending(false);
-            }
+            settle();
         }
     }
 
