@@ -173,6 +173,117 @@ fn reallocs_cross_classes_chunks_and_back_child() {
     assert_eq!(medium().0, start);
 }
 
+/// The process's address space (`VmSize` of `/proc/self/status`).
+fn vm_size() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<usize>()
+        .unwrap()
+        << 10
+}
+
+/// The region takes address space as the medium working set grows, a
+/// segment (64 MiB) at a time, not 64 GiB (or half of a `ulimit -v`) at
+/// the first medium block: what a program under a limit could allocate
+/// stays its own.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn the_region_takes_address_space_as_it_grows() {
+    run_alone("region_growth_child", &[]);
+}
+
+#[test]
+#[ignore = "run by the_region_takes_address_space_as_it_grows in a child process"]
+fn region_growth_child() {
+    if !medium_here() || !cfg!(target_os = "linux") {
+        return;
+    }
+    let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
+    // SAFETY: a non-zero layout; the blocks are freed once, below.
+    let alloc = || unsafe { MklAllocator.alloc(layout) };
+    let before = (vm_size(), medium().0);
+    let first = alloc();
+    assert!(medium().0 > before.1, "not medium");
+    let taken = vm_size() - before.0;
+    assert!(
+        taken <= 80 * MIB,
+        "{} MiB of address space for one block",
+        taken >> 20
+    );
+    // 200 MiB of blocks: the region grows past its first segments.
+    let mut blocks: Vec<*mut u8> = (0..(200 * MIB / layout.size())).map(|_| alloc()).collect();
+    assert!(
+        medium().0 >= before.1 + 200 * MIB as u64,
+        "the region stopped growing"
+    );
+    let grown = vm_size() - before.0;
+    assert!(
+        (200 * MIB..400 * MIB).contains(&grown),
+        "{} MiB",
+        grown >> 20
+    );
+    for &p in &blocks {
+        // SAFETY: each a live block of 48 KiB.
+        unsafe { common::fill(p, 64, pattern(p.addr())) };
+    }
+    blocks.push(first);
+    for p in blocks {
+        // SAFETY: live blocks of `layout`, freed once.
+        unsafe { MklAllocator.dealloc(p, layout) };
+    }
+    assert_eq!(medium().0, before.1);
+}
+
+/// A block grown from below 4 KiB, as `Vec::push` grows one (doubling
+/// from a few bytes), becomes medium once it reaches a medium size: MKL
+/// serves the small sizes from the C runtime beneath the hooks, and its
+/// `i_realloc` of such a block is moved onto a medium block, so that it is
+/// given back when freed rather than left in glibc's heap.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn a_block_grown_from_small_sizes_becomes_medium() {
+    run_alone("a_block_grown_from_small_sizes_becomes_medium_child", &[]);
+}
+
+#[test]
+#[ignore = "run by a_block_grown_from_small_sizes_becomes_medium in a child process"]
+fn a_block_grown_from_small_sizes_becomes_medium_child() {
+    if !medium_here() {
+        return;
+    }
+    let start = medium().0;
+    let mut layout = Layout::from_size_align(8, 8).unwrap();
+    // SAFETY: a non-zero layout.
+    let mut p = unsafe { MklAllocator.alloc(layout) };
+    assert!(!p.is_null());
+    // SAFETY: a live block of 8 bytes.
+    unsafe { common::fill(p, 8, pattern(3)) };
+    while layout.size() < 64 * KIB {
+        let n = layout.size() * 2;
+        // SAFETY: a live block of `layout`, grown to a non-zero size.
+        let q = unsafe { MklAllocator.realloc(p, layout, n) };
+        assert!(!q.is_null());
+        // SAFETY: q holds `n` bytes, the first `layout.size()` kept.
+        unsafe {
+            common::check(q, layout.size(), pattern(3));
+            common::fill(q, n, pattern(3));
+        }
+        (p, layout) = (q, Layout::from_size_align(n, 8).unwrap());
+        if n >= 8 * KIB {
+            assert!(
+                medium().0 >= start + n as u64,
+                "a block grown to {n} B is not medium"
+            );
+        }
+    }
+    // SAFETY: the live block, freed once.
+    unsafe { MklAllocator.dealloc(p, layout) };
+    assert_eq!(medium().0, start);
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
 fn zeroed_blocks_read_zero_after_dirty_reuse() {
@@ -503,9 +614,13 @@ fn timing() {
 }
 
 /// A `fork` while another thread gives medium blocks back (outside MKL,
-/// holding a class's lock for a moment at a time) leaves the child every
-/// class unlocked: each child allocates from those classes and exits, under
-/// a watchdog (a class lock copied held would hang it).
+/// holding a class's lock for a moment at a time, a batch of blocks off
+/// every list while their pages are purged) leaves the child every class
+/// unlocked and nothing orphaned: each child allocates from those classes,
+/// gives every dirty block back and checks that no budget stays reserved
+/// for a block it cannot find (a batch copied in flight would leave its
+/// reservation, counted as slack), then exits, under a watchdog (a class
+/// lock copied held would hang it).
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
 #[cfg_attr(not(target_os = "linux"), ignore = "fork")]
@@ -523,6 +638,8 @@ fn fork_child() {
     }
     block_cache::enable(256 * MIB);
     static STOP: AtomicBool = AtomicBool::new(false);
+    manager::free_buffers();
+    let slack = manager::stats().slack_bytes;
     let layouts: Vec<Layout> = [8 * KIB, 48 * KIB, 200 * KIB]
         .iter()
         .map(|&s| Layout::from_size_align(s, 64).unwrap())
@@ -545,6 +662,7 @@ fn fork_child() {
             }
         })
     };
+    let mut orphans = 0;
     for _ in 0..60 {
         std::thread::sleep(std::time::Duration::from_micros(300));
         // SAFETY: the child only allocates, frees and leaves with _exit.
@@ -556,8 +674,10 @@ fn fork_child() {
                 unsafe { MklAllocator.dealloc(MklAllocator.alloc(l), l) };
             }
             manager::free_buffers();
+            let s = manager::stats();
+            let orphaned = s.medium_dirty_bytes != 0 || s.slack_bytes > slack;
             // SAFETY: leaves the child at once, running nothing of the parent's.
-            unsafe { libc::_exit(0) };
+            unsafe { libc::_exit(if orphaned { 3 } else { 0 }) };
         }
         let mut status = 0;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -574,8 +694,11 @@ fn fork_child() {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert!(libc::WIFEXITED(status), "a child died: {status:#x}");
+        orphans += (libc::WEXITSTATUS(status) == 3) as usize;
+        assert!(matches!(libc::WEXITSTATUS(status), 0 | 3));
     }
+    assert_eq!(orphans, 0, "children with a reservation left behind, of 60");
     STOP.store(true, Relaxed);
     churn.join().unwrap();
 }

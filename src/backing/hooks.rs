@@ -344,6 +344,26 @@ unsafe extern "C" fn hook_realloc(p: *mut c_void, n: usize) -> *mut c_void {
             return q.cast();
         }
     }
+    // A block of the C runtime's growing (or shrinking) into a medium size
+    // (a `Vec` pushed past 4 KiB under `MklAllocator`, whose first blocks
+    // MKL serves from below 4 KiB): moved onto a medium block once, so
+    // that from here on it is the crate's, given back when freed, as every
+    // MKL block of 4 KiB-1 MiB is. Left to `realloc` where medium blocks
+    // are off or full.
+    if medium::class_size(n).is_some() {
+        // SAFETY: `p` is a live block of the previous functions.
+        if let Some(usable) = unsafe { prev_usable_size(p) } {
+            if let Some((q, _)) = medium::alloc(n) {
+                // SAFETY: distinct live blocks; `p` holds `usable` readable
+                // bytes, `q` at least `n`; `p` is freed once, after the copy.
+                unsafe {
+                    ptr::copy_nonoverlapping(p.cast::<u8>(), q, usable.min(n));
+                    prev_free(p);
+                }
+                return q.cast();
+            }
+        }
+    }
     // With neither policy on, the C library grows a block with `mremap`
     // itself (from its mmap threshold up), and a move would only copy it
     // onto fresh pages (measured: a push to 10^7 with everything off took

@@ -11,11 +11,14 @@
 //! so the resident set drops, not only what the kernel may reclaim) once
 //! unused for the block cache's decay time.
 //!
-//! **What.** At the first medium request one region is reserved
-//! (`region`: 64 GiB of address space with `MAP_NORESERVE`, halving down
-//! to 1 GiB where refused; if none, medium blocks stay off and requests
-//! go to the functions beneath the hooks, as before). It is one mapping
-//! for good (counted once against the mapping limit), so telling whether
+//! **What.** At the first medium request the region is placed (`region`:
+//! a range of up to 64 GiB from 1 TiB up, of which only a first segment of
+//! 64 MiB is mapped; it grows a segment at a time as spans are needed,
+//! each mapped right after the last, so that under `ulimit -v` the region
+//! takes what the medium working set needs, not the limit's half; where
+//! no such place can be had it is reserved whole, and if even that fails
+//! medium blocks stay off and requests go to the functions beneath the
+//! hooks, as before). It stays one range of addresses, so telling whether
 //! a freed pointer is a medium block is one subtraction and a comparison,
 //! made before the chunk table's lookup. The region is carved into spans
 //! of 4 MiB, handed bump-style to 28 size classes (`class`: whole pages,
@@ -27,11 +30,13 @@
 //! newest first, each with the time it was freed), a list of clean ones
 //! (given back: they read as zero, so a zeroed request taking one writes
 //! nothing) and the bump range of its span. Metadata lives outside the
-//! blocks (`heap`: an entry of 16 bytes per page at the region's start),
-//! so a clean block's pages stay unresident. Spans stay with their class
-//! for good (their free blocks with them, clean once decayed: address
-//! space only); a request that finds no span left goes to the previous
-//! functions, as without a region.
+//! blocks (`heap`: an entry of 16 bytes per page in each segment's first
+//! span), so a clean block's pages stay unresident. Spans stay with their
+//! class for good (their free blocks with them, clean once decayed:
+//! address space only); a request that finds no span left, and the region
+//! unable to grow, goes to the previous functions. A block of the previous
+//! functions that `i_realloc` resizes to a medium size (a `Vec` pushed
+//! past 4 KiB) moves onto a medium block.
 //!
 //! **Decay and budget.** A dirty block freed at least
 //! [`block_cache::decay_ms`] ago is purged and moved to the clean list by
@@ -44,7 +49,10 @@
 //! `block_cache::empty()` and `block_cache::disable()` purge every dirty
 //! block. The purge runs outside the class's lock (the lock is held to
 //! take a batch of blocks off the dirty list, and again to put them on
-//! the clean list), adjacent blocks in one call.
+//! the clean list), adjacent blocks in one call, under the heap's rare
+//! lock, which the fork handler takes: no child inherits a batch on no
+//! list, nor its budget reserved (a free reserves under the class's lock
+//! for the same reason).
 //!
 //! **A program that lets go of its work, without a background thread.**
 //! The decay runs at the crate's calls, or on the background decay thread
@@ -79,7 +87,8 @@
 //! `MKL_ALLOC_BACKING=off`. On Windows, and under Miri, medium requests go
 //! to the previous functions as before (the heap's logic is tested on a
 //! plain allocation there). A `fork` finds every class unlocked: the fork
-//! handler takes their locks after the block cache's shards.
+//! handler takes the rare lock, then the classes' locks, after the block
+//! cache's shards.
 
 #![cfg_attr(
     any(loom, miri, not(target_os = "linux")),
@@ -131,6 +140,9 @@ mod instance {
     /// 0: on (the region reserved at the first request), 1: off (no
     /// region could be reserved), 2: off (`MKL_ALLOC_MEDIUM=off`).
     static OFF: AtomicU8 = AtomicU8::new(0);
+
+    /// Whether the region grows (placed where segments may follow it).
+    static GROWS: AtomicBool = AtomicBool::new(false);
 
     /// When (ms) the next rate-limited sweep ([`maybe_decay`]) is due.
     static NEXT_SWEEP: AtomicUsize = AtomicUsize::new(0);
@@ -217,7 +229,10 @@ mod instance {
         if !HEAP.ready() && !init() {
             return None;
         }
-        let got = HEAP.alloc(k, &Global);
+        let mut got = HEAP.alloc(k, &Global);
+        if got.is_none() {
+            got = grow_and_alloc(k);
+        }
         // A medium allocation ends the run of frees (see `let_go`), and
         // clears the flag once the run's blocks are reused.
         if RUN.load(Relaxed) != 0 {
@@ -233,6 +248,21 @@ mod instance {
         got
     }
 
+    /// Grows the region by a segment where it may (every span handed out),
+    /// then takes a block of class `k` again.
+    #[cold]
+    #[inline(never)]
+    fn grow_and_alloc(k: usize) -> Option<(*mut u8, bool)> {
+        #[cfg(target_os = "linux")]
+        // SAFETY: the heap passes the end of the region that
+        // `region::reserve` placed, under its rare lock.
+        if GROWS.load(Relaxed) && HEAP.grow(|at| unsafe { super::region::grow(at) }) {
+            return HEAP.alloc(k, &Global);
+        }
+        let _ = k;
+        None
+    }
+
     /// Reserves the region, once: `false` if medium blocks are off or
     /// none can be had. Racing threads each reserve one; the first to set
     /// it wins and the others give theirs back.
@@ -244,11 +274,13 @@ mod instance {
         }
         #[cfg(target_os = "linux")]
         {
-            let Some((p, len)) = super::region::reserve() else {
+            let Some((p, len, grows)) = super::region::reserve() else {
                 OFF.store(1, Relaxed);
                 return false;
             };
-            if !HEAP.set_region(p, len) {
+            if HEAP.set_region(p, len) {
+                GROWS.store(grows, Relaxed);
+            } else {
                 // SAFETY: our reservation, unused: another thread's won.
                 unsafe { super::region::unreserve(p, len) };
             }
@@ -413,7 +445,7 @@ mod instance {
     /// shards: takes every class's lock (see `Heap::lock_for_fork`).
     #[cfg_attr(windows, allow(dead_code))]
     pub(crate) fn lock_for_fork() {
-        let taken = HEAP.lock_for_fork(super::lock::held_here());
+        let taken = HEAP.lock_for_fork(super::lock::held_here(), super::lock::outer_held_here());
         FORK_TAKEN.store(taken, Relaxed);
     }
 

@@ -105,9 +105,7 @@ pub(crate) use budget::default_budget;
 #[doc(hidden)]
 pub use medium::{
     class::{CLASSES as MEDIUM_CLASSES, size as medium_class_size},
-    heap::{
-        Env as MediumEnv, Heap as MediumHeap, SPAN as MEDIUM_SPAN, meta_spans as medium_meta_spans,
-    },
+    heap::{Env as MediumEnv, Heap as MediumHeap, SPAN as MEDIUM_SPAN},
 };
 
 /// The granule of a chunk's size (one 4 KiB page): a chunk's last partial

@@ -5,14 +5,23 @@
 //! (`medium::region`); the unit tests and the loom model run it on a plain
 //! allocation.
 //!
-//! **Layout.** The region starts with the block metadata, one [`Meta`] of
-//! 16 bytes per page of the region (a 64 GiB region: 256 MiB of address
-//! space, of which only the entries of blocks ever freed are touched:
-//! 16 bytes per block), followed by the spans. A span (4 MiB) belongs to
-//! one class from its first block on (the span table, one byte per span,
-//! says which), and is carved bump-style into that class's blocks. A
-//! block is named by the index of its first page, which is also the
-//! index of its metadata entry.
+//! **Layout.** The region is a run of segments ([`SEG`], 64 MiB, 16
+//! spans), given to the heap one at a time as it grows
+//! ([`grow`](Heap::grow)): address space is taken as the medium working
+//! set needs it, not all at once. A segment's first span holds the block
+//! metadata of the segment's pages, one [`Meta`] of 16 bytes per page
+//! (256 KiB, of which only the entries of blocks ever freed are touched:
+//! 16 bytes per block); the other spans hold blocks. A span (4 MiB)
+//! belongs to one class from its first block on (the span table, one byte
+//! per span, says which), and is carved bump-style into that class's
+//! blocks. A block is named by the index of its first page in the region,
+//! which also finds its metadata entry.
+//!
+//! **The rare lock.** Growth (a system call) and each decay batch (its
+//! blocks off every list while their pages are purged) run under one more
+//! spin lock, outside the classes' (`rare`); the fork handler takes it
+//! before theirs, so that no child inherits a segment half added or a
+//! batch of blocks on no list with its budget still reserved.
 //!
 //! **Lists.** Each class keeps, under its lock: the dirty list (blocks
 //! freed and still resident, doubly linked, newest first: reuse pops the
@@ -67,6 +76,16 @@ pub const SPAN: usize = if cfg!(any(miri, loom)) {
 /// The largest region (64 GiB).
 pub(crate) const REGION_MAX: usize = 64 << 30;
 
+/// Spans a segment has: the unit the region grows by (64 MiB; 4 MiB under
+/// Miri and loom). Its first span holds the segment's block metadata.
+pub(crate) const SEG_SPANS: usize = if cfg!(any(miri, loom)) { 4 } else { 16 };
+
+/// A segment's bytes.
+pub const SEG: usize = SEG_SPANS * SPAN;
+
+/// Pages of a segment, as a shift.
+const SEG_PAGES_SHIFT: u32 = (SEG >> PAGE_SHIFT).trailing_zeros();
+
 /// Spans a region may have (the span table's length).
 /// Under Miri: 64 (its tests' regions are a few spans), since Miri's borrow
 /// tracker visits every atomic of the table at each `&Heap` it retags
@@ -89,6 +108,12 @@ const NONE: u32 = u32::MAX;
 /// Blocks a decay takes out of a class per hold of its lock.
 const BATCH: usize = 32;
 
+/// The rare lock's bit in what [`Heap::lock_for_fork`] took (above every
+/// class's).
+#[cfg(not(loom))]
+const RARE_BIT: u32 = 1 << 31;
+const _: () = assert!(CLASSES < 31);
+
 /// A block's metadata, at its first page's index in the region's head.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -102,10 +127,15 @@ struct Meta {
     _pad: u32,
 }
 
-/// Spans at the region's start that hold the metadata of a region of
-/// `len` bytes.
-pub const fn meta_spans(len: usize) -> usize {
-    ((len >> PAGE_SHIFT) * size_of::<Meta>()).div_ceil(SPAN)
+// A segment's metadata fits its first span.
+const _: () = assert!((SEG >> PAGE_SHIFT) * size_of::<Meta>() <= SPAN);
+const _: () = assert!(SEG.is_power_of_two() && REGION_MAX % SEG == 0);
+
+/// The first span at or after `s` that may hold blocks (not a segment's
+/// metadata span).
+#[inline(always)]
+const fn block_span(s: usize) -> usize {
+    if s % SEG_SPANS == 0 { s + 1 } else { s }
 }
 
 /// What the heap needs from its owner: the budget that dirty blocks count
@@ -201,9 +231,13 @@ fn sub(a: &AtomicUsize, n: usize) {
 /// span table and its classes.
 pub struct Heap {
     base: AtomicPtr<u8>,
-    /// The region's length; 0 until it is set (stored after `base`, with
-    /// release: a thread that reads it non-zero reads `base` too).
+    /// The region's length so far, whole segments; 0 until it is set
+    /// (stored after `base`, and after each segment is added, with
+    /// release: a thread that reads it reads `base` too).
     len: AtomicUsize,
+    /// Held to grow the region and across each decay batch (see the
+    /// module docs); never inside a class's lock.
+    rare: SpinLock,
     /// The next span to hand out.
     next_span: AtomicUsize,
     /// Each span's class plus one; 0: not handed out.
@@ -217,6 +251,7 @@ impl Heap {
         Heap {
             base: AtomicPtr::new(ptr::null_mut()),
             len: AtomicUsize::new(0),
+            rare: SpinLock::new(),
             next_span: AtomicUsize::new(0),
             spans: [const { AtomicU8::new(0) }; MAX_SPANS],
             classes: [const { Class::new() }; N_CLASSES],
@@ -228,6 +263,7 @@ impl Heap {
         Heap {
             base: AtomicPtr::new(ptr::null_mut()),
             len: AtomicUsize::new(0),
+            rare: SpinLock::new(),
             next_span: AtomicUsize::new(0),
             spans: core::array::from_fn(|_| AtomicU8::new(0)),
             classes: core::array::from_fn(|_| Class::new()),
@@ -235,11 +271,11 @@ impl Heap {
     }
 
     /// Gives the heap its region, `[base, base + len)` (`len` a multiple
-    /// of [`SPAN`], at most [`REGION_MAX`]; `base` page-aligned, memory
+    /// of [`SEG`], at most [`REGION_MAX`]; `base` page-aligned, memory
     /// that reads as zero and that nothing else uses): `false`, changing
     /// nothing, if it has one already.
     pub fn set_region(&self, base: *mut u8, len: usize) -> bool {
-        debug_assert!(len % SPAN == 0 && len <= MAX_SPANS * SPAN && len > SPAN);
+        debug_assert!(len % SEG == 0 && len <= MAX_SPANS * SPAN && len > 0);
         if self
             .base
             .compare_exchange(ptr::null_mut(), base, Relaxed, Relaxed)
@@ -247,9 +283,37 @@ impl Heap {
         {
             return false;
         }
-        self.next_span.store(meta_spans(len), Relaxed);
+        self.next_span.store(1, Relaxed);
         self.len.store(len, Release);
         true
+    }
+
+    /// Grows the region by a segment where every span is handed out:
+    /// `add(at)` makes `[at, at + SEG)` memory that reads as zero and that
+    /// nothing else uses (`false` if it cannot). Under the rare lock, so
+    /// that one thread grows at a time and no fork copies a segment half
+    /// added. `true` if a span is free afterwards (added here or by
+    /// another thread meanwhile).
+    pub fn grow(&self, add: impl FnOnce(*mut u8) -> bool) -> bool {
+        if !self.ready() {
+            return false;
+        }
+        let _rare = self.rare.lock_outer();
+        let len = self.len.load(Acquire);
+        if block_span(self.next_span.load(Relaxed)) < len / SPAN {
+            return true;
+        }
+        if len + SEG > MAX_SPANS * SPAN || !add(self.base().wrapping_add(len)) {
+            return false;
+        }
+        self.len.store(len + SEG, Release);
+        true
+    }
+
+    /// The region's length so far (0 before it is set).
+    #[cfg(test)]
+    fn mapped(&self) -> usize {
+        self.len.load(Acquire)
     }
 
     /// Whether the heap has its region.
@@ -283,9 +347,13 @@ impl Heap {
     /// `idx` is a block of the heap; the caller holds its class's lock.
     #[inline(always)]
     unsafe fn meta(&self, idx: u32) -> *mut Meta {
-        // SAFETY: the entries lie at the region's start, one per page of
-        // the region, within its metadata spans.
-        unsafe { self.base().cast::<Meta>().add(idx as usize) }
+        let (seg, page) = (
+            (idx >> SEG_PAGES_SHIFT) as usize,
+            idx as usize & ((1 << SEG_PAGES_SHIFT) - 1),
+        );
+        // SAFETY: a segment's entries lie at its start, one per page of
+        // the segment, within its first span (checked above).
+        unsafe { self.base().add(seg * SEG).cast::<Meta>().add(page) }
     }
 
     /// The class of the block at offset `off` of the region.
@@ -325,6 +393,9 @@ impl Heap {
                 }
                 sub(&c.dirty, size);
                 add(&c.live, size);
+                // Under the lock, so that no fork copies the block live
+                // with its budget still reserved.
+                env.unreserve(size);
                 return Some((i, false));
             }
             if l.clean_head != NONE {
@@ -339,8 +410,12 @@ impl Heap {
                 let spans = self.len.load(Acquire) / SPAN;
                 let s = self
                     .next_span
-                    .fetch_update(Relaxed, Relaxed, |s| (s < spans).then_some(s + 1))
+                    .fetch_update(Relaxed, Relaxed, |s| {
+                        let s = block_span(s);
+                        (s < spans).then_some(s + 1)
+                    })
                     .ok()?;
+                let s = block_span(s);
                 self.spans[s].store(k as u8 + 1, Relaxed);
                 l.bump = s * SPAN;
                 l.end = l.bump + SPAN / size * size;
@@ -352,14 +427,13 @@ impl Heap {
         });
         drop(guard);
         let (i, zero) = got?;
-        if !zero {
-            env.unreserve(size);
-        }
         Some((self.block(i), zero))
     }
 
     /// Frees the block `p` at `now` (ms): onto its class's dirty list if
     /// the budget has room for it, else purged and onto the clean list.
+    /// The budget is reserved under the class's lock, so that no fork
+    /// copies a reservation without its block on the dirty list.
     ///
     /// # Safety
     /// `p` is a live block of the heap (as [`alloc`](Self::alloc) returned
@@ -371,38 +445,49 @@ impl Heap {
         let size = class::size(k);
         debug_assert!((off % SPAN) % size == 0, "not a block's start");
         let idx = (off >> PAGE_SHIFT) as u32;
-        let dirty = env.reserve(size);
-        if !dirty {
-            // SAFETY: the caller's contract: the block is ours, unused.
-            unsafe { env.purge(p, size) };
-        }
         let c = &self.classes[k];
-        let _guard = c.lock.lock();
-        c.lists.with_mut(|l| {
+        let guard = c.lock.lock();
+        let dirty = c.lists.with_mut(|l| {
+            if !env.reserve(size) {
+                return false;
+            }
             // SAFETY: the class's lock is held (see `alloc`).
             let l = unsafe { &mut *l };
             // SAFETY: `idx` is a block of this class (lock held).
             unsafe {
-                if dirty {
-                    let head = l.dirty_head;
-                    *self.meta(idx) = Meta {
-                        next: head,
-                        prev: NONE,
-                        since: now as u32,
-                        _pad: 0,
-                    };
-                    if head == NONE {
-                        l.dirty_tail = idx;
-                    } else {
-                        (*self.meta(head)).prev = idx;
-                    }
-                    l.dirty_head = idx;
-                    add(&c.dirty, size);
+                let head = l.dirty_head;
+                *self.meta(idx) = Meta {
+                    next: head,
+                    prev: NONE,
+                    since: now as u32,
+                    _pad: 0,
+                };
+                if head == NONE {
+                    l.dirty_tail = idx;
                 } else {
-                    self.push_clean(l, idx);
-                    add(&c.clean, size);
+                    (*self.meta(head)).prev = idx;
                 }
+                l.dirty_head = idx;
             }
+            add(&c.dirty, size);
+            sub(&c.live, size);
+            true
+        });
+        drop(guard);
+        if dirty {
+            return;
+        }
+        // No room in the budget: purged outside the lock (a system call),
+        // then put on the clean list. A fork between copies the block as
+        // still live, nothing reserved for it.
+        // SAFETY: the caller's contract: the block is ours, unused.
+        unsafe { env.purge(p, size) };
+        let _guard = c.lock.lock();
+        c.lists.with_mut(|l| {
+            // SAFETY: the class's lock is held (see `alloc`); `idx` is its
+            // block, in no list.
+            unsafe { self.push_clean(&mut *l, idx) };
+            add(&c.clean, size);
             sub(&c.live, size);
         });
     }
@@ -432,6 +517,9 @@ impl Heap {
             loop {
                 let mut batch = [NONE; BATCH];
                 let mut n = 0;
+                // Across the batch: a fork waits until its blocks are on a
+                // list again and their budget given back.
+                let _rare = self.rare.lock_outer();
                 {
                     let _guard = c.lock.lock();
                     c.lists.with_mut(|l| {
@@ -513,30 +601,35 @@ impl Heap {
         self.classes.iter().any(|c| c.dirty.load(Relaxed) != 0)
     }
 
-    /// `pthread_atfork`'s prepare handler: takes every class's lock, in
-    /// order. The lock this thread may hold itself (`mine`, from a fork in
-    /// a signal handler that interrupted it) is only tried, for about a
-    /// millisecond, and skipped if it stays held. Returns which were taken
-    /// (bit `k`: class `k`).
+    /// `pthread_atfork`'s prepare handler: takes the rare lock, then every
+    /// class's lock, in order. A lock this thread may hold itself (`mine`
+    /// and `mine_outer`, from a fork in a signal handler that interrupted
+    /// it) is only tried, for about a millisecond, and skipped if it stays
+    /// held. Returns which were taken (bit `k`: class `k`; bit
+    /// [`RARE_BIT`]: the rare lock).
     #[cfg(not(loom))]
     #[cfg_attr(windows, allow(dead_code))]
-    pub(crate) fn lock_for_fork(&self, mine: usize) -> u32 {
-        let mut taken = 0u32;
-        for (k, c) in self.classes.iter().enumerate() {
-            if ptr::from_ref(&c.lock).addr() == mine {
-                let got = (0..1000).any(|_| {
-                    c.lock.try_lock_raw() || {
-                        std::thread::yield_now();
-                        false
-                    }
-                });
-                if !got {
-                    continue;
-                }
-            } else {
-                c.lock.lock_raw();
+    pub(crate) fn lock_for_fork(&self, mine: usize, mine_outer: usize) -> u32 {
+        let take = |lock: &SpinLock, own: bool| {
+            if !own {
+                lock.lock_raw();
+                return true;
             }
-            taken |= 1 << k;
+            (0..1000).any(|_| {
+                lock.try_lock_raw() || {
+                    std::thread::yield_now();
+                    false
+                }
+            })
+        };
+        let mut taken = 0u32;
+        if take(&self.rare, ptr::from_ref(&self.rare).addr() == mine_outer) {
+            taken |= RARE_BIT;
+        }
+        for (k, c) in self.classes.iter().enumerate() {
+            if take(&c.lock, ptr::from_ref(&c.lock).addr() == mine) {
+                taken |= 1 << k;
+            }
         }
         taken
     }
@@ -554,6 +647,10 @@ impl Heap {
                 // SAFETY: the caller's contract: held here, without a guard.
                 unsafe { c.lock.force_unlock() };
             }
+        }
+        if taken & RARE_BIT != 0 {
+            // SAFETY: as above.
+            unsafe { self.rare.force_unlock() };
         }
     }
 }
@@ -576,10 +673,10 @@ pub(crate) mod tests {
     }
 
     impl Test {
-        /// A heap on `spans` spans (plus its metadata's).
+        /// A heap on `spans` spans for blocks (whole segments: their
+        /// metadata spans besides).
         pub(crate) fn new(spans: usize) -> Test {
-            let mut len = spans * SPAN;
-            len += meta_spans(len + SPAN) * SPAN;
+            let len = spans.div_ceil(SEG_SPANS - 1) * SEG;
             let layout = Layout::from_size_align(len, 4096).unwrap();
             // SAFETY: a non-zero size.
             let region = unsafe { alloc_zeroed(layout) };
@@ -775,13 +872,66 @@ pub(crate) mod tests {
     fn a_full_region_says_none_and_frees_still_serve() {
         let e = Test::new(2);
         let k = CLASSES - 1; // 1 MiB: SPAN / 1 MiB blocks a span
-        let n = 2 * (SPAN / class::size(k));
+        let n = e.len / SEG * (SEG_SPANS - 1) * (SPAN / class::size(k));
         let blocks: Vec<_> = (0..n).map(|_| e.heap.alloc(k, &e).unwrap().0).collect();
         assert_eq!(e.heap.alloc(k, &e), None);
         assert_eq!(e.heap.alloc(0, &e), None); // no span left for another class
         // SAFETY: live, freed once.
         unsafe { e.heap.free(blocks[0], 0, &e) };
         assert_eq!(e.heap.alloc(k, &e), Some((blocks[0], false)));
+    }
+
+    /// The region grows a segment at a time, where every span is handed
+    /// out: the new segment's blocks (and their metadata, in its own first
+    /// span) serve as the first one's, and a refused growth says so.
+    #[test]
+    fn the_region_grows_a_segment_at_a_time() {
+        let e = Test::new(2 * (SEG_SPANS - 1));
+        assert_eq!(e.len, 2 * SEG);
+        let heap = Box::new(Heap::new());
+        assert!(!heap.grow(|_| unreachable!("no region yet")));
+        assert!(heap.set_region(e.region, SEG));
+        let k = CLASSES - 1;
+        let per_seg = (SEG_SPANS - 1) * (SPAN / class::size(k));
+        let first: Vec<_> = (0..per_seg).map(|_| heap.alloc(k, &e).unwrap().0).collect();
+        assert!(first.iter().all(|&p| p.addr() - e.region.addr() >= SPAN));
+        assert_eq!(heap.alloc(k, &e), None);
+        assert!(!heap.contains(e.region.wrapping_add(SEG)));
+        // A growth the system refuses changes nothing.
+        assert!(!heap.grow(|_| false));
+        assert_eq!(heap.mapped(), SEG);
+        let mut asked = None;
+        assert!(heap.grow(|at| {
+            asked = Some(at);
+            true
+        }));
+        assert_eq!(asked, Some(e.region.wrapping_add(SEG)));
+        assert_eq!(heap.mapped(), 2 * SEG);
+        // A span free: the next growth adds nothing.
+        assert!(heap.grow(|_| unreachable!("a span is free")));
+        let (p, zero) = heap.alloc(k, &e).unwrap();
+        assert!(zero);
+        // The new segment's first span is its metadata: blocks after it.
+        assert_eq!(p, e.region.wrapping_add(SEG + SPAN));
+        assert!(heap.contains(p));
+        // SAFETY: live blocks of either segment, each freed once; their
+        // metadata entries are each segment's own.
+        unsafe {
+            p.write(9);
+            heap.free(p, 3, &e);
+            heap.free(first[1], 4, &e);
+        }
+        assert_eq!(heap.alloc(k, &e), Some((first[1], false)));
+        assert_eq!(heap.alloc(k, &e), Some((p, false)));
+        // SAFETY: a live block of the heap.
+        assert_eq!(unsafe { p.read() }, 9);
+        assert_eq!(heap.decay(10, None, &e), 0);
+        // Under Miri the test's own heap is freed with it.
+        for q in first.into_iter().chain([p]) {
+            // SAFETY: live, freed once.
+            unsafe { heap.free(q, 5, &e) };
+        }
+        assert_eq!(heap.decay(10, None, &e), per_seg + 1);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! Outside loom, a thread records the lock it is taking or holding in a
 //! thread-local word (`HOLDS`), so that a `fork` from a signal handler
 //! that interrupted it knows which lock it must not wait for (see
-//! `medium::lock_for_fork`).
+//! `medium::lock_for_fork`). The heap's one outer lock (held across a
+//! growth or a decay batch, with class locks taken inside it) is taken
+//! with [`SpinLock::lock_outer`], which records it in a word of its own
+//! (`OUTER`): an inner lock taken and released meanwhile leaves it there.
 
 use crate::sync::{AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
@@ -25,10 +28,23 @@ std::thread_local! {
     static HOLDS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
 }
 
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The outer lock this thread is taking or holds (its address; 0:
+    /// none).
+    static OUTER: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
 /// The lock (address) this thread may hold: see the module docs.
 #[cfg(not(loom))]
 pub(crate) fn held_here() -> usize {
     HOLDS.get()
+}
+
+/// The outer lock (address) this thread may hold: see the module docs.
+#[cfg(not(loom))]
+pub(crate) fn outer_held_here() -> usize {
+    OUTER.get()
 }
 
 impl SpinLock {
@@ -59,6 +75,21 @@ impl SpinLock {
             self.lock_slow();
         }
         Guard { lock: self }
+    }
+
+    /// Takes the lock as the outer one (see the module docs); the guard
+    /// releases it.
+    pub(crate) fn lock_outer(&self) -> OuterGuard<'_> {
+        #[cfg(not(loom))]
+        OUTER.set(core::ptr::from_ref(self).addr());
+        if self
+            .word
+            .compare_exchange_weak(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            self.lock_slow();
+        }
+        OuterGuard { lock: self }
     }
 
     #[cold]
@@ -136,5 +167,18 @@ impl Drop for Guard<'_> {
         self.lock.word.store(0, Release);
         #[cfg(not(loom))]
         HOLDS.set(0);
+    }
+}
+
+/// A [`SpinLock`] held as the outer one; dropping it releases the lock.
+pub(crate) struct OuterGuard<'a> {
+    lock: &'a SpinLock,
+}
+
+impl Drop for OuterGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.word.store(0, Release);
+        #[cfg(not(loom))]
+        OUTER.set(0);
     }
 }
