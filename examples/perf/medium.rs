@@ -11,6 +11,12 @@
 //! `getrusage(RUSAGE_SELF)`: a thread the allocator runs for itself counts
 //! too) per step, the median of interleaved rounds.
 //!
+//! "medium footprint" (issue 54; a fresh child process per measurement):
+//! 64 MiB of live blocks of 4096, 4097, 8192 or 16384 bytes, every byte
+//! written; the resident growth over the bytes asked. System, jemalloc,
+//! mimalloc, MklAllocator, MklSplitAllocator, and MklAllocator with
+//! `MKL_ALLOC_MEDIUM=off` (MKL over glibc). 3 rounds.
+//!
 //! "medium retention" (a fresh child process per measurement, since an
 //! allocator's state is per process): about 1 GiB of blocks (48 KiB,
 //! 160 KiB, or log-uniform 4 KiB-1 MiB; one byte written in every 4 KiB)
@@ -442,4 +448,111 @@ fn retention<G: GlobalAlloc>(g: &G, sizes: &str, mib: usize, after: After) -> St
         "rss_mib={idle} freed_mib={freed} peak_mib={peak} blocks={} background={background}",
         plan.len()
     )
+}
+
+/// The block sizes of the footprint rows.
+const FOOTPRINT: [usize; 4] = [4096, 4097, 8192, 16384];
+
+/// The footprint rows' competitors: name, the child's allocator, and
+/// whether medium blocks are off (`MKL_ALLOC_MEDIUM=off`).
+const FOOTPRINT_WHO: [(&str, &str, bool); 6] = [
+    ("System", "system", false),
+    ("jemalloc", "jemalloc", false),
+    ("mimalloc", "mimalloc", false),
+    ("MklAllocator", "mkl", false),
+    ("MklSplitAllocator", "split", false),
+    ("MklAllocator, MKL_ALLOC_MEDIUM=off", "mkl", true),
+];
+
+/// Live footprint (issue 54): for each size, every competitor in a child
+/// of its own, interleaved over 3 rounds.
+pub fn footprint_group(t: &mut Table) {
+    const ROUNDS: usize = 3;
+    for size in FOOTPRINT {
+        let mut series: Vec<Series> = FOOTPRINT_WHO.iter().map(|w| Series::new(w.0)).collect();
+        for r in 0..ROUNDS {
+            for i in order(FOOTPRINT_WHO.len(), r) {
+                let (name, arg, off) = FOOTPRINT_WHO[i];
+                let mut cmd = Command::new(own_exe());
+                cmd.args(["--child", "footprint", arg])
+                    .arg(size.to_string());
+                apply_env(&mut cmd, Env::Defaults);
+                if off {
+                    cmd.env("MKL_ALLOC_MEDIUM", "off");
+                }
+                let out = cmd.output().expect("run a perf footprint child");
+                assert!(
+                    out.status.success(),
+                    "footprint child {name} {size} failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
+                series[i].values.push(field(&f, "ratio"));
+            }
+        }
+        t.values(
+            &format!(
+                "54. live footprint, 64 MiB of {size} B blocks, every byte written: resident growth / bytes asked"
+            ),
+            "x",
+            &series,
+        );
+        let asked = Series {
+            name: "the bytes asked".into(),
+            values: vec![1.0; ROUNDS],
+        };
+        for s in &series[3..5] {
+            t.target(
+                &format!(
+                    "live footprint, {size} B: {} ≤ 1.05x the bytes asked",
+                    s.name
+                ),
+                s,
+                &asked,
+                1.05,
+            );
+        }
+    }
+}
+
+/// `perf --child footprint <who> <size>`: one footprint measurement,
+/// printed as `ratio=<resident growth / bytes asked>`.
+pub fn footprint_child(args: &[String]) {
+    let size: usize = args[1].parse().expect("a block size");
+    let ratio = match args[0].as_str() {
+        "system" => footprint(&std::alloc::System, size),
+        "jemalloc" => footprint(&tikv_jemallocator::Jemalloc, size),
+        "mimalloc" => footprint(&mimalloc::MiMalloc, size),
+        "mkl" => footprint(&MklAllocator, size),
+        "split" => footprint(&MklSplitAllocator, size),
+        other => panic!("unknown allocator {other}"),
+    };
+    println!("ratio={ratio:.4}");
+}
+
+/// 64 MiB of live blocks of `size` bytes under `g`, every byte written:
+/// the resident growth over the bytes asked.
+fn footprint<G: GlobalAlloc>(g: &G, size: usize) -> f64 {
+    let l = Layout::from_size_align(size, 8).unwrap();
+    let n = (64 << 20) / size;
+    let mut blocks: Vec<*mut u8> = Vec::with_capacity(n);
+    // The allocator's first use (its pools, MKL's initialisation) is not
+    // what is measured.
+    // SAFETY: a non-zero layout, freed once.
+    unsafe { g.dealloc(g.alloc(l), l) };
+    let start = rss_mib();
+    for _ in 0..n {
+        // SAFETY: a non-zero layout.
+        let p = unsafe { g.alloc(l) };
+        assert!(!p.is_null(), "a {size} B allocation failed");
+        // SAFETY: a live block of `size` bytes.
+        unsafe { p.write_bytes(1, size) };
+        blocks.push(p);
+    }
+    let grown = rss_mib() - start;
+    for p in blocks {
+        // SAFETY: allocated by `g` with `l`, freed once.
+        unsafe { g.dealloc(p, l) };
+    }
+    grown * (1 << 20) as f64 / (n * size) as f64
 }

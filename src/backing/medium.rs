@@ -21,10 +21,13 @@
 //! hooks, as before). It stays one range of addresses, so telling whether
 //! a freed pointer is a medium block is one subtraction and a comparison,
 //! made before the chunk table's lookup. The region is carved into spans
-//! of 4 MiB, handed bump-style to 28 size classes (`class`: whole pages,
-//! 4, 8, ..., 32 KiB a page apart, then four per doubling up to 1 MiB;
-//! a request takes the smallest class that holds it; a block's pages past
-//! what its owner touches never become resident). Each class has a lock
+//! of 4 MiB, handed bump-style to 28 size classes (`class`: whole pages
+//! plus 128 bytes, room for MKL's header, 4, 8, ..., 32 KiB a page apart,
+//! then four per doubling up to 1 MiB; a request takes the smallest class
+//! that holds it; blocks lie back to back, 64-byte aligned, so that a
+//! 4 KiB array is resident at 4 KiB + 128 B, and a block's pages past
+//! what its owner touches never become resident; a page two blocks share
+//! is given back once both are free). Each class has a lock
 //! (`lock`: a spin lock, innermost: no other lock and no system call
 //! while it is held), a list of dirty blocks (freed, resident, reused
 //! newest first, each with the time it was freed), a list of clean ones
@@ -188,6 +191,13 @@ mod instance {
             };
             #[cfg(not(target_os = "linux"))]
             let _ = (p, len); // no region: never reached
+        }
+        unsafe fn zero(&self, p: *mut u8, len: usize) {
+            // A free block: inaccessible to memcheck but for this write.
+            crate::backing::valgrind::mark_defined(p.addr(), len);
+            // SAFETY: the caller's contract: a free block's bytes, ours.
+            unsafe { p.write_bytes(0, len) };
+            crate::backing::valgrind::mark_noaccess(p.addr(), len);
         }
     }
 

@@ -14,8 +14,11 @@
 //! 16 bytes per block); the other spans hold blocks. A span (4 MiB)
 //! belongs to one class from its first block on (the span table, one byte
 //! per span, says which), and is carved bump-style into that class's
-//! blocks. A block is named by the index of its first page in the region,
-//! which also finds its metadata entry.
+//! blocks, back to back: a class is whole pages plus 128 bytes, so a
+//! block starts 64-byte aligned and shares its first and last pages with
+//! its neighbours. A block is named by its offset in the region in 64-byte
+//! units; its metadata entry is that of the page it starts in (no two
+//! blocks start in one page).
 //!
 //! **The rare lock.** Growth (a system call) and each decay batch (its
 //! blocks off every list while their pages are purged) run under one more
@@ -29,8 +32,16 @@
 //! when it was freed), the clean list (blocks whose pages went back to
 //! the kernel: they read as zero), and the bump range of its current span.
 //! A request takes a dirty block, else a clean one, else a fresh one.
-//! Nothing is ever written into a free block's own pages: a clean block
-//! stays unresident until it is used again.
+//! Each entry also holds its block's state (live, dirty, clean, in
+//! flight), so that a block given back can tell its neighbours'.
+//!
+//! **Giving pages back.** A page is given back only when every block on
+//! it is free: a decay batch takes its dirty blocks and their clean
+//! neighbours (the clean list is doubly linked for that) off the lists,
+//! gives back every page among them, and zeroes a block's bytes on a page
+//! it shares with a live or dirty neighbour (resident anyway), so that a
+//! clean block reads as zero throughout. Nothing else is written into a
+//! free block: its pages stay unresident until it is used again.
 
 use core::ptr;
 
@@ -41,6 +52,7 @@ use loom::sync::atomic::AtomicU8;
 
 use super::class::{self, CLASSES, PAGE_SHIFT};
 use super::lock::SpinLock;
+use crate::backing::PAGE;
 use crate::sync::{
     AtomicPtr, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
@@ -108,24 +120,45 @@ const NONE: u32 = u32::MAX;
 /// Blocks a decay takes out of a class per hold of its lock.
 const BATCH: usize = 32;
 
+/// A batch with the clean neighbours that join it (two a block at most).
+const FLIGHT_MAX: usize = 3 * BATCH;
+
 /// The rare lock's bit in what [`Heap::lock_for_fork`] took (above every
 /// class's).
 #[cfg(not(loom))]
 const RARE_BIT: u32 = 1 << 31;
 const _: () = assert!(CLASSES < 31);
 
-/// A block's metadata, at its first page's index in the region's head.
+/// Blocks are named by their offset in the region in these units (64
+/// bytes: every block starts at a multiple; 64 GiB / 64 fits a `u32`).
+const UNIT_SHIFT: u32 = 6;
+const _: () = assert!(REGION_MAX >> UNIT_SHIFT <= NONE as usize);
+
+/// A block's metadata, at the index of the page its start lies in (no two
+/// blocks start in one page: every class is larger than a page).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Meta {
     /// The next block in its list (older, in the dirty list).
     next: u32,
-    /// The previous block in the dirty list (newer).
+    /// The previous block in its list (newer, in the dirty list).
     prev: u32,
     /// When it was freed (ms, wrapping), in the dirty list.
     since: u32,
-    _pad: u32,
+    /// [`LIVE`] (0: a block carved and never freed reads so), [`DIRTY`],
+    /// [`CLEAN`] or [`FLIGHT`].
+    state: u32,
 }
+
+/// Handed out (or carved and never freed).
+const LIVE: u32 = 0;
+/// Free, on the dirty list: its contents resident and kept.
+const DIRTY: u32 = 1;
+/// Free, on the clean list: it reads as zero, its pages given back but
+/// those it shares with a neighbour that is not free.
+const CLEAN: u32 = 2;
+/// Free, on no list: its pages being given back (under the rare lock).
+const FLIGHT: u32 = 3;
 
 // A segment's metadata fits its first span.
 const _: () = assert!((SEG >> PAGE_SHIFT) * size_of::<Meta>() <= SPAN);
@@ -152,6 +185,16 @@ pub trait Env {
     /// # Safety
     /// The range is free blocks of the heap, which nobody uses.
     unsafe fn purge(&self, p: *mut u8, len: usize);
+    /// Zeroes `[p, p + len)`: a free block's bytes on a page it shares
+    /// with a block that is not free (so that a clean block reads as zero
+    /// throughout).
+    ///
+    /// # Safety
+    /// The range is a free block's of the heap, which nobody uses.
+    unsafe fn zero(&self, p: *mut u8, len: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { p.write_bytes(0, len) };
+    }
 }
 
 /// A class's lists, under its lock.
@@ -335,22 +378,20 @@ impl Heap {
         self.base.load(Relaxed)
     }
 
-    /// The block whose first page is `idx`.
+    /// The block named `id` (see [`UNIT_SHIFT`]).
     #[inline(always)]
-    fn block(&self, idx: u32) -> *mut u8 {
-        self.base().wrapping_add((idx as usize) << PAGE_SHIFT)
+    fn block(&self, id: u32) -> *mut u8 {
+        self.base().wrapping_add((id as usize) << UNIT_SHIFT)
     }
 
-    /// The metadata entry of the block `idx`.
+    /// The metadata entry of the block `id`.
     ///
     /// # Safety
-    /// `idx` is a block of the heap; the caller holds its class's lock.
+    /// `id` is a block of the heap; the caller holds its class's lock.
     #[inline(always)]
-    unsafe fn meta(&self, idx: u32) -> *mut Meta {
-        let (seg, page) = (
-            (idx >> SEG_PAGES_SHIFT) as usize,
-            idx as usize & ((1 << SEG_PAGES_SHIFT) - 1),
-        );
+    unsafe fn meta(&self, id: u32) -> *mut Meta {
+        let page = (id >> (PAGE_SHIFT - UNIT_SHIFT)) as usize;
+        let (seg, page) = (page >> SEG_PAGES_SHIFT, page & ((1 << SEG_PAGES_SHIFT) - 1));
         // SAFETY: a segment's entries lie at its start, one per page of
         // the segment, within its first span (checked above).
         unsafe { self.base().add(seg * SEG).cast::<Meta>().add(page) }
@@ -390,6 +431,7 @@ impl Heap {
                     } else {
                         (*self.meta(next)).prev = NONE;
                     }
+                    (*self.meta(i)).state = LIVE;
                 }
                 sub(&c.dirty, size);
                 add(&c.live, size);
@@ -401,7 +443,10 @@ impl Heap {
             if l.clean_head != NONE {
                 let i = l.clean_head;
                 // SAFETY: as above.
-                l.clean_head = unsafe { (*self.meta(i)).next };
+                unsafe {
+                    self.unlink_clean(l, i);
+                    (*self.meta(i)).state = LIVE;
+                }
                 sub(&c.clean, size);
                 add(&c.live, size);
                 return Some((i, true));
@@ -420,7 +465,9 @@ impl Heap {
                 l.bump = s * SPAN;
                 l.end = l.bump + SPAN / size * size;
             }
-            let i = (l.bump >> PAGE_SHIFT) as u32;
+            // Its metadata entry reads LIVE: never written (a span stays
+            // with its class, and no other block starts in its page).
+            let i = (l.bump >> UNIT_SHIFT) as u32;
             l.bump += size;
             add(&c.live, size);
             Some((i, true))
@@ -431,9 +478,9 @@ impl Heap {
     }
 
     /// Frees the block `p` at `now` (ms): onto its class's dirty list if
-    /// the budget has room for it, else purged and onto the clean list.
-    /// The budget is reserved under the class's lock, so that no fork
-    /// copies a reservation without its block on the dirty list.
+    /// the budget has room for it, else its pages given back and onto the
+    /// clean list. The budget is reserved under the class's lock, so that
+    /// no fork copies a reservation without its block on the dirty list.
     ///
     /// # Safety
     /// `p` is a live block of the heap (as [`alloc`](Self::alloc) returned
@@ -444,7 +491,7 @@ impl Heap {
         let k = self.class_at(off);
         let size = class::size(k);
         debug_assert!((off % SPAN) % size == 0, "not a block's start");
-        let idx = (off >> PAGE_SHIFT) as u32;
+        let id = (off >> UNIT_SHIFT) as u32;
         let c = &self.classes[k];
         let guard = c.lock.lock();
         let dirty = c.lists.with_mut(|l| {
@@ -453,21 +500,21 @@ impl Heap {
             }
             // SAFETY: the class's lock is held (see `alloc`).
             let l = unsafe { &mut *l };
-            // SAFETY: `idx` is a block of this class (lock held).
+            // SAFETY: `id` is a block of this class (lock held).
             unsafe {
                 let head = l.dirty_head;
-                *self.meta(idx) = Meta {
+                *self.meta(id) = Meta {
                     next: head,
                     prev: NONE,
                     since: now as u32,
-                    _pad: 0,
+                    state: DIRTY,
                 };
                 if head == NONE {
-                    l.dirty_tail = idx;
+                    l.dirty_tail = id;
                 } else {
-                    (*self.meta(head)).prev = idx;
+                    (*self.meta(head)).prev = id;
                 }
-                l.dirty_head = idx;
+                l.dirty_head = id;
             }
             add(&c.dirty, size);
             sub(&c.live, size);
@@ -477,36 +524,191 @@ impl Heap {
         if dirty {
             return;
         }
-        // No room in the budget: purged outside the lock (a system call),
-        // then put on the clean list. A fork between copies the block as
-        // still live, nothing reserved for it.
-        // SAFETY: the caller's contract: the block is ours, unused.
-        unsafe { env.purge(p, size) };
+        // No room in the budget: given back at once, as a decay batch of
+        // one (under the rare lock, see `give_back`).
+        let _rare = self.rare.lock_outer();
+        let mut flight = [NONE; FLIGHT_MAX];
+        flight[0] = id;
+        let guard = c.lock.lock();
+        let n = c.lists.with_mut(|l| {
+            // SAFETY: the class's lock is held (see `alloc`); `id` is its
+            // block, live until now, in no list.
+            unsafe { (*self.meta(id)).state = FLIGHT };
+            sub(&c.live, size);
+            add(&c.clean, size);
+            // SAFETY: as above; `flight[0]` is in flight.
+            unsafe { self.take_neighbours(&mut *l, size, &mut flight, 1) }
+        });
+        drop(guard);
+        // SAFETY: the blocks in flight are this class's, free, off every
+        // list; the rare lock is held.
+        unsafe { self.give_back(c, size, &mut flight[..n], 1, env) };
+    }
+
+    /// Adds to `flight[n..]` the clean neighbours of the blocks
+    /// `flight[..n]`, each taken off the clean list and marked in flight,
+    /// so that the pages they share can be given back with them; returns
+    /// how many are in flight now.
+    ///
+    /// # Safety
+    /// The class's lock is held; `flight[..n]` are its blocks, in flight.
+    unsafe fn take_neighbours(
+        &self,
+        l: &mut Lists,
+        size: usize,
+        flight: &mut [u32; FLIGHT_MAX],
+        n: usize,
+    ) -> usize {
+        let mut m = n;
+        for j in 0..n {
+            let off = (flight[j] as usize) << UNIT_SHIFT;
+            let in_span = off % SPAN;
+            // The previous block (carved: the span is carved in order),
+            // and the next one where it exists and is carved.
+            let prev = (in_span >= size).then(|| off - size);
+            let next = off + size;
+            let next =
+                (in_span + 2 * size <= SPAN && !(l.bump <= next && next < l.end)).then_some(next);
+            for q in [prev, next].into_iter().flatten() {
+                let q = (q >> UNIT_SHIFT) as u32;
+                // SAFETY: `q` is a carved block of this class (lock held).
+                unsafe {
+                    if (*self.meta(q)).state == CLEAN {
+                        self.unlink_clean(l, q);
+                        (*self.meta(q)).state = FLIGHT;
+                        flight[m] = q;
+                        m += 1;
+                    }
+                }
+            }
+        }
+        m
+    }
+
+    /// Gives back the pages of the blocks in `flight` (the first `fresh`
+    /// of them dirty or live until now, the rest clean neighbours that
+    /// joined them): every page that only free blocks share, whole; the
+    /// bytes of a fresh block on a page it shares with a block that is not
+    /// free are zeroed instead. Then they go on the clean list. Called
+    /// without the class's lock, under the rare lock, so that no fork
+    /// copies them on no list.
+    ///
+    /// # Safety
+    /// The blocks are the class's, free, in flight (off every list, nobody
+    /// else's); the rare lock is held.
+    unsafe fn give_back(
+        &self,
+        c: &Class,
+        size: usize,
+        flight: &mut [u32],
+        fresh: usize,
+        env: &impl Env,
+    ) {
+        // Address order, each with whether it was clean (its bytes zero).
+        let mut order = [(NONE, false); FLIGHT_MAX];
+        for (j, &id) in flight.iter().enumerate() {
+            let mut i = j;
+            while i > 0 && order[i - 1].0 > id {
+                order[i] = order[i - 1];
+                i -= 1;
+            }
+            order[i] = (id, j >= fresh);
+        }
+        let order = &order[..flight.len()];
+        let step = (size >> UNIT_SHIFT) as u32;
+        let mut first = 0;
+        while first < order.len() {
+            let mut last = first;
+            while last + 1 < order.len() && order[last + 1].0 == order[last].0 + step {
+                last += 1;
+            }
+            let start = (order[first].0 as usize) << UNIT_SHIFT;
+            let end = ((order[last].0 as usize) << UNIT_SHIFT) + size;
+            // The span's last block has no neighbour after it: the rest of
+            // its last page is nobody's.
+            let last_in_span = end % SPAN + size > SPAN || end % SPAN == 0;
+            let (ps, pe) = (
+                start.next_multiple_of(PAGE),
+                if last_in_span {
+                    end.next_multiple_of(PAGE)
+                } else {
+                    end & !(PAGE - 1)
+                },
+            );
+            // SAFETY: the caller's contract: these pages hold only blocks
+            // in flight (and, past the span's last block, nothing), and a
+            // block's bytes on a page shared with another block are its own.
+            unsafe {
+                if pe > ps {
+                    env.purge(self.base().add(ps), pe - ps);
+                }
+                if start < ps && !order[first].1 {
+                    env.zero(self.base().add(start), ps.min(end) - start);
+                }
+                if pe < end && pe >= ps && !order[last].1 {
+                    env.zero(self.base().add(pe), end - pe);
+                }
+            }
+            first = last + 1;
+        }
         let _guard = c.lock.lock();
         c.lists.with_mut(|l| {
-            // SAFETY: the class's lock is held (see `alloc`); `idx` is its
-            // block, in no list.
-            unsafe { self.push_clean(&mut *l, idx) };
-            add(&c.clean, size);
-            sub(&c.live, size);
+            for &id in flight.iter() {
+                // SAFETY: the class's lock is held; a block of this class,
+                // in no list.
+                unsafe { self.push_clean(&mut *l, id) };
+            }
         });
     }
 
     /// # Safety
-    /// The class's lock is held, and `idx` is its block, in no list.
+    /// The class's lock is held, and `id` is its block, in no list.
     #[inline(always)]
-    unsafe fn push_clean(&self, l: &mut Lists, idx: u32) {
-        // SAFETY: the caller's contract.
-        unsafe { (*self.meta(idx)).next = l.clean_head };
-        l.clean_head = idx;
+    unsafe fn push_clean(&self, l: &mut Lists, id: u32) {
+        let head = l.clean_head;
+        // SAFETY: the caller's contract; `head` is a block of the class.
+        unsafe {
+            *self.meta(id) = Meta {
+                next: head,
+                prev: NONE,
+                since: 0,
+                state: CLEAN,
+            };
+            if head != NONE {
+                (*self.meta(head)).prev = id;
+            }
+        }
+        l.clean_head = id;
     }
 
-    /// Purges the dirty blocks freed at least `older_than` ms before
+    /// Takes the block `id` off the clean list.
+    ///
+    /// # Safety
+    /// The class's lock is held, and `id` is its block, on the clean list.
+    #[inline(always)]
+    unsafe fn unlink_clean(&self, l: &mut Lists, id: u32) {
+        // SAFETY: the caller's contract: `id` and its list neighbours are
+        // blocks of the class.
+        unsafe {
+            let m = *self.meta(id);
+            if m.prev == NONE {
+                l.clean_head = m.next;
+            } else {
+                (*self.meta(m.prev)).next = m.next;
+            }
+            if m.next != NONE {
+                (*self.meta(m.next)).prev = m.prev;
+            }
+        }
+    }
+
+    /// Gives back the dirty blocks freed at least `older_than` ms before
     /// `now` (every dirty block with `None`), oldest first, and moves them
-    /// to their classes' clean lists; returns how many. Each class's lock
-    /// is held only to take a batch of blocks off its dirty list and to
-    /// put them on its clean list: the purge runs between, without it
-    /// (adjacent blocks in one call).
+    /// to their classes' clean lists; returns how many. A batch at a time:
+    /// under the rare lock (a fork waits until its blocks are on a list
+    /// again and their budget given back), its class's lock held only to
+    /// take the batch (and its clean neighbours) off the lists and to put
+    /// them on the clean list; the pages go back between, without it.
     pub fn decay(&self, now: usize, older_than: Option<u32>, env: &impl Env) -> usize {
         let mut total = 0;
         for (k, c) in self.classes.iter().enumerate() {
@@ -515,65 +717,46 @@ impl Heap {
             }
             let size = class::size(k);
             loop {
-                let mut batch = [NONE; BATCH];
-                let mut n = 0;
-                // Across the batch: a fork waits until its blocks are on a
-                // list again and their budget given back.
+                let mut flight = [NONE; FLIGHT_MAX];
                 let _rare = self.rare.lock_outer();
-                {
-                    let _guard = c.lock.lock();
-                    c.lists.with_mut(|l| {
-                        // SAFETY: the class's lock is held (see `alloc`).
-                        let l = unsafe { &mut *l };
-                        while n < BATCH && l.dirty_tail != NONE {
-                            let i = l.dirty_tail;
-                            // SAFETY: a block of this class (lock held).
-                            let m = unsafe { *self.meta(i) };
-                            if older_than.is_some_and(|d| (now as u32).wrapping_sub(m.since) < d) {
-                                break;
-                            }
-                            l.dirty_tail = m.prev;
+                let guard = c.lock.lock();
+                let (n, m) = c.lists.with_mut(|l| {
+                    // SAFETY: the class's lock is held (see `alloc`).
+                    let l = unsafe { &mut *l };
+                    let mut n = 0;
+                    while n < BATCH && l.dirty_tail != NONE {
+                        let i = l.dirty_tail;
+                        // SAFETY: a block of this class (lock held).
+                        let m = unsafe { *self.meta(i) };
+                        if older_than.is_some_and(|d| (now as u32).wrapping_sub(m.since) < d) {
+                            break;
+                        }
+                        l.dirty_tail = m.prev;
+                        // SAFETY: as above.
+                        unsafe {
                             if m.prev == NONE {
                                 l.dirty_head = NONE;
                             } else {
-                                // SAFETY: as above.
-                                unsafe { (*self.meta(m.prev)).next = NONE };
+                                (*self.meta(m.prev)).next = NONE;
                             }
-                            batch[n] = i;
-                            n += 1;
+                            (*self.meta(i)).state = FLIGHT;
                         }
-                        sub(&c.dirty, n * size);
-                    });
-                }
+                        flight[n] = i;
+                        n += 1;
+                    }
+                    sub(&c.dirty, n * size);
+                    add(&c.clean, n * size);
+                    // SAFETY: as above; `flight[..n]` are in flight.
+                    (n, unsafe { self.take_neighbours(l, size, &mut flight, n) })
+                });
+                drop(guard);
                 if n == 0 {
                     break;
                 }
-                // Adjacent blocks (freed in address order) in one call.
-                let mut run = (batch[0], 1u32);
-                let pages = (size >> PAGE_SHIFT) as u32;
-                for &i in batch[1..n].iter().chain([&NONE]) {
-                    if i != NONE && i == run.0 + run.1 * pages {
-                        run.1 += 1;
-                        continue;
-                    }
-                    // SAFETY: the blocks of the run are off every list:
-                    // free, and this thread's alone until pushed below.
-                    unsafe { env.purge(self.block(run.0), run.1 as usize * size) };
-                    run = (i, 1);
-                }
+                // SAFETY: the blocks in flight are this class's, free, off
+                // every list; the rare lock is held.
+                unsafe { self.give_back(c, size, &mut flight[..m], n, env) };
                 env.unreserve(n * size);
-                {
-                    let _guard = c.lock.lock();
-                    c.lists.with_mut(|l| {
-                        // SAFETY: the class's lock is held (see `alloc`).
-                        let l = unsafe { &mut *l };
-                        for &i in &batch[..n] {
-                            // SAFETY: a block of this class, in no list.
-                            unsafe { self.push_clean(l, i) };
-                        }
-                        add(&c.clean, n * size);
-                    });
-                }
                 total += n;
                 if n < BATCH {
                     break;
@@ -732,7 +915,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn blocks_are_distinct_page_aligned_and_know_their_class() {
+    fn blocks_are_distinct_aligned_and_know_their_class() {
         // Under Miri (1 MiB spans) class 25's three 768 KiB blocks take a
         // span each.
         let e = Test::new(if cfg!(miri) { 8 } else { CLASSES });
@@ -742,7 +925,7 @@ pub(crate) mod tests {
                 let (p, zero) = e.heap.alloc(k, &e).unwrap();
                 assert!(zero, "a fresh block reads zero");
                 assert!(e.heap.contains(p));
-                assert_eq!(p.addr() % 4096, 0);
+                assert_eq!(p.addr() % 64, 0);
                 assert_eq!(e.heap.block_size(p), class::size(k));
                 // SAFETY: a live block of class::size(k) bytes.
                 unsafe {
@@ -793,9 +976,10 @@ pub(crate) mod tests {
     #[test]
     fn decay_purges_the_old_blocks_only_and_they_come_back_zero() {
         let e = Test::new(2);
-        let k = 9; // 48 KiB
+        let k = 9; // 48 KiB (plus 128 B)
         let size = class::size(k);
         let blocks: Vec<_> = (0..40).map(|_| e.heap.alloc(k, &e).unwrap().0).collect();
+        assert_eq!(blocks[0].addr() % PAGE, 0, "a span's first block");
         for (i, &p) in blocks.iter().enumerate() {
             // SAFETY: live blocks, freed once each; 20 at 0 ms, 20 at 50.
             unsafe {
@@ -805,7 +989,8 @@ pub(crate) mod tests {
         }
         assert_eq!(e.heap.decay(30, Some(100), &e), 0);
         assert_eq!(e.heap.decay(100, Some(100), &e), 20);
-        assert_eq!(e.purged.get(), 20 * size);
+        // Their pages but the last, which the 21st block (dirty) shares.
+        assert_eq!(e.purged.get(), (20 * size) & !(PAGE - 1));
         assert_eq!(e.heap.figures(), (0, 20 * size, 20 * size));
         assert_eq!(e.reserved.get(), 20 * size);
         // The young ones are still reused first, dirty.
@@ -835,21 +1020,97 @@ pub(crate) mod tests {
         let e = Test::new(2);
         let k = 3;
         e.budget.set(class::size(k));
+        let size = class::size(k);
         let a = e.heap.alloc(k, &e).unwrap().0;
         let b = e.heap.alloc(k, &e).unwrap().0;
         // SAFETY: live blocks, freed once each.
         unsafe {
-            b.write(1);
+            a.write_bytes(0xA, size);
+            b.write_bytes(0xB, size);
             e.heap.free(a, 0, &e);
             e.heap.free(b, 0, &e);
         }
-        assert_eq!(e.purged.get(), class::size(k));
-        assert_eq!(e.heap.figures(), (0, class::size(k), class::size(k)));
-        // Dirty first, then the clean one, which reads zero.
+        // The pages wholly b's: its first one is shared with a (dirty),
+        // its last with the block after it (not carved yet).
+        let (start, end) = (b.addr(), b.addr() + size);
+        assert_eq!(
+            e.purged.get(),
+            (end & !(PAGE - 1)) - start.next_multiple_of(PAGE)
+        );
+        assert_eq!(e.heap.figures(), (0, size, size));
+        // Dirty first, whole, then the clean one, which reads zero.
         assert_eq!(e.heap.alloc(k, &e), Some((a, false)));
         assert_eq!(e.heap.alloc(k, &e), Some((b, true)));
-        // SAFETY: live.
-        assert_eq!(unsafe { b.read() }, 0);
+        // SAFETY: live blocks of `size` bytes.
+        unsafe {
+            assert!(bytes(a, size).iter().all(|&x| x == 0xA));
+            assert!(bytes(b, size).iter().all(|&x| x == 0));
+        }
+    }
+
+    /// # Safety
+    /// `[p, p + len)` is readable.
+    unsafe fn bytes<'a>(p: *mut u8, len: usize) -> &'a [u8] {
+        // SAFETY: the caller's contract.
+        unsafe { core::slice::from_raw_parts(p, len) }
+    }
+
+    /// Blocks share pages with their neighbours (a class is whole pages
+    /// plus 128 bytes): a page goes back only once every block on it is
+    /// free, and a live or dirty neighbour keeps its bytes; a freed
+    /// block's bytes on a page it shares read zero all the same.
+    #[test]
+    fn pages_shared_by_free_blocks_go_back_and_neighbours_keep_theirs() {
+        let e = Test::new(2);
+        let k = 0; // 4 KiB + 128: no page is ever a block's alone
+        let size = class::size(k);
+        let b: Vec<_> = (0..8).map(|_| e.heap.alloc(k, &e).unwrap().0).collect();
+        for (i, &p) in b.iter().enumerate() {
+            // SAFETY: live blocks of `size` bytes.
+            unsafe { p.write_bytes(i as u8 + 1, size) };
+        }
+        // SAFETY: live blocks, freed once each.
+        unsafe {
+            e.heap.free(b[1], 0, &e);
+            e.heap.free(b[3], 0, &e);
+        }
+        assert_eq!(e.heap.decay(0, None, &e), 2);
+        assert_eq!(e.purged.get(), 0, "every page of theirs has a live block");
+        // SAFETY: live blocks.
+        unsafe {
+            for i in [0, 2, 4] {
+                assert!(bytes(b[i], size).iter().all(|&x| x == i as u8 + 1));
+            }
+        }
+        // b[2] freed and decayed: b[1..=3] free, the pages among them go
+        // back, those shared with b[0] and b[4] stay.
+        // SAFETY: live, freed once.
+        unsafe { e.heap.free(b[2], 0, &e) };
+        assert_eq!(e.heap.decay(0, None, &e), 1);
+        let (start, end) = (b[1].addr(), b[3].addr() + size);
+        assert_eq!(
+            e.purged.get(),
+            (end & !(PAGE - 1)) - start.next_multiple_of(PAGE)
+        );
+        assert!(e.purged.get() >= PAGE);
+        assert_eq!(e.heap.figures(), (5 * size, 0, 3 * size));
+        // SAFETY: live blocks.
+        unsafe {
+            for i in [0, 4] {
+                assert!(bytes(b[i], size).iter().all(|&x| x == i as u8 + 1));
+            }
+        }
+        let mut again: Vec<_> = (0..3)
+            .map(|_| {
+                let (p, zero) = e.heap.alloc(k, &e).unwrap();
+                assert!(zero);
+                // SAFETY: a live block of `size` bytes.
+                assert!(unsafe { bytes(p, size) }.iter().all(|&x| x == 0));
+                p
+            })
+            .collect();
+        again.sort();
+        assert_eq!(again, b[1..=3]);
     }
 
     #[test]
@@ -934,6 +1195,23 @@ pub(crate) mod tests {
         assert_eq!(heap.decay(10, None, &e), per_seg + 1);
     }
 
+    /// A block's byte pattern.
+    fn tag(p: *mut u8) -> u8 {
+        (p.addr() >> 6) as u8 | 1
+    }
+
+    /// The offsets of a block of `size` bytes at `p` worth reading: every
+    /// byte natively; under Miri its ends and both sides of each page
+    /// boundary (where neighbours meet).
+    fn probe(p: *mut u8, size: usize) -> impl Iterator<Item = usize> {
+        let a = p.addr();
+        let edges = ((a + 1).next_multiple_of(PAGE)..a + size)
+            .step_by(PAGE)
+            .flat_map(move |b| [b - 1 - a, b - a]);
+        let all = if cfg!(miri) { 0..0 } else { 0..size };
+        all.chain([0, size - 1]).chain(edges)
+    }
+
     #[test]
     fn random_operations_never_hand_out_a_block_twice() {
         let e = Test::new(4);
@@ -950,12 +1228,13 @@ pub(crate) mod tests {
                 0..=3 => {
                     if let Some((p, zero)) = e.heap.alloc(k, &e) {
                         assert!(live.iter().all(|&(q, _)| q != p));
-                        // SAFETY: a live block of at least 8 bytes.
+                        let size = class::size(k);
+                        // SAFETY: a live block of `size` bytes.
                         unsafe {
                             if zero {
-                                assert_eq!(p.cast::<u64>().read(), 0);
+                                assert!(probe(p, size).all(|i| p.add(i).read() == 0));
                             }
-                            p.cast::<u64>().write(p.addr() as u64);
+                            p.write_bytes(tag(p), size);
                         }
                         live.push((p, k));
                     }
@@ -965,7 +1244,8 @@ pub(crate) mod tests {
                     assert_eq!(e.heap.block_size(p), class::size(k));
                     // SAFETY: live, freed once.
                     unsafe {
-                        assert_eq!(p.cast::<u64>().read(), p.addr() as u64);
+                        let t = tag(p);
+                        assert!(probe(p, class::size(k)).all(|i| p.add(i).read() == t));
                         e.heap.free(p, now, &e);
                     }
                 }
