@@ -10,14 +10,19 @@
 //!   the decay holds, and the figures and the budget agree afterwards;
 //! - a free racing an allocation of its class, at the budget's edge (the
 //!   free purged at once or kept dirty), loses no block and hands none out
-//!   twice.
+//!   twice;
+//! - a free that empties a span (given back at once: no budget), which
+//!   then leaves its class for the pool, racing another class's
+//!   allocation: that allocation takes a fresh span or the pooled one
+//!   (reading zero), never a span still being given back, and the figures
+//!   count the span once.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom_medium`.
 //!
 //! The region is one plain allocation, made once and reused by every
-//! execution (each builds a fresh heap on it; a block's metadata is
-//! written before it is read).
+//! execution (each builds a fresh heap on it, after clearing what the
+//! models' blocks and metadata entries held).
 #![cfg(loom)]
 
 use std::sync::OnceLock;
@@ -27,13 +32,15 @@ use loom::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use loom::thread;
 use mkl_alloc::backing::{MEDIUM_SPAN, MediumEnv, MediumHeap, medium_class_size};
 
+// (Three tests, a region each: see `region`.)
+
 /// Spans of the region (the heap's span table has 8 under loom).
 const SPANS: usize = 8;
 
 /// Test `t`'s region (leaked: every execution of the test reuses it; the
 /// tests, which libtest runs side by side, have one each).
 fn region(t: usize) -> *mut u8 {
-    static REGIONS: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
+    static REGIONS: [OnceLock<usize>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let addr = *REGIONS[t].get_or_init(|| {
         let layout = std::alloc::Layout::from_size_align(SPANS * MEDIUM_SPAN, 4096).unwrap();
         // SAFETY: a non-zero size; never freed.
@@ -69,9 +76,11 @@ impl MediumEnv for Env {
 fn setup(t: usize, budget: usize) -> Arc<(MediumHeap, Env)> {
     let heap = MediumHeap::new();
     let p = region(t);
-    // Fresh blocks must read zero: the first blocks of the spans the
-    // models use are cleared of what an earlier execution wrote.
-    for span in 1..3 {
+    // Fresh blocks must read zero, and their metadata entries as never
+    // freed: the first segment's metadata (span 0) and the first blocks of
+    // the spans the models use are cleared of what an earlier execution
+    // wrote.
+    for span in 0..3 {
         // SAFETY: inside the region, which no other execution uses now.
         unsafe { p.add(span * MEDIUM_SPAN).write_bytes(0, 64 << 10) };
     }
@@ -113,6 +122,9 @@ fn decay_races_an_allocation_on_one_class() {
     model(|| {
         let size = medium_class_size(0);
         let h = setup(0, usize::MAX);
+        // A block kept live throughout: the span never empties (and so
+        // never leaves the class for the pool) in this model.
+        let _keep = take(&h);
         let (a, b) = (take(&h), take(&h));
         // SAFETY: live blocks, freed once each.
         unsafe {
@@ -127,7 +139,7 @@ fn decay_races_an_allocation_on_one_class() {
         let purged = decay.join().unwrap();
         assert!(purged <= 2);
         let (live, dirty, clean) = h.0.figures();
-        assert_eq!(live, 0);
+        assert_eq!(live, size);
         assert_eq!(dirty, h.1.reserved.load(Relaxed));
         // The allocation may have taken a block the decay had cleaned.
         assert!(clean <= purged * size);
@@ -171,5 +183,34 @@ fn a_free_races_an_allocation_at_the_budgets_edge() {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), free + 2);
+    });
+}
+
+#[test]
+fn a_span_emptied_by_a_free_races_another_classs_allocation() {
+    model(|| {
+        // No budget: the free gives its block back at once, which empties
+        // the span (its only block) and sends it to the pool.
+        let h = setup(2, 0);
+        let a = h.0.alloc(0, &h.1).unwrap().0;
+        let (h2, pa) = (h.clone(), a as usize);
+        // SAFETY: a live block, freed once, by that thread.
+        let t = thread::spawn(move || unsafe { h2.0.free(pa as *mut u8, 0, &h2.1) });
+        let (q, zero) = h.0.alloc(1, &h.1).unwrap();
+        assert!(zero, "a fresh or pooled span's block");
+        // SAFETY: a live block of class 1, ours alone.
+        unsafe {
+            assert_eq!(q.read(), 0, "a fresh or pooled block reads zero");
+            q.write(1);
+        }
+        t.join().unwrap();
+        let (live, dirty, clean) = h.0.figures();
+        assert_eq!(live, medium_class_size(1));
+        assert_eq!(dirty, 0);
+        // The emptied span is in the pool, or class 1 took it from there.
+        assert!(
+            clean == MEDIUM_SPAN || (clean == 0 && q == a),
+            "{clean} {q:?} {a:?}"
+        );
     });
 }

@@ -14,7 +14,7 @@
 //! the per-thread countdown is skipped (one relaxed load instead).
 //!
 //! Without the thread, medium blocks a program lets go of (a run of
-//! frees past 16 MiB with no medium allocation between) are given back at
+//! frees past 16 MiB beyond the medium allocations between) are given back at
 //! its next allocation of any size after the decay time (see the medium
 //! heap's docs in `backing`); the thread needs no allocation at all.
 //!

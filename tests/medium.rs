@@ -239,6 +239,58 @@ fn region_growth_child() {
     assert_eq!(medium().0, live);
 }
 
+/// A program that changes phase (many blocks of one size, freed, then
+/// blocks of another) reuses the first phase's spans: once its blocks are
+/// given back, a span leaves its class for a pool any class takes from,
+/// so the region does not grow for the second phase.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn a_phase_change_reuses_the_first_phases_spans() {
+    run_alone("phase_change_child", &[]);
+}
+
+#[test]
+#[ignore = "run by a_phase_change_reuses_the_first_phases_spans in a child process"]
+fn phase_change_child() {
+    if !medium_here() || !cfg!(target_os = "linux") {
+        return;
+    }
+    let big = Layout::from_size_align(1_000_000, 64).unwrap();
+    let small = Layout::from_size_align(48 * KIB, 64).unwrap();
+    // SAFETY: non-zero layouts; every block is freed once, below.
+    let phase = |l: Layout, n: usize| -> Vec<*mut u8> {
+        (0..n)
+            .map(|_| unsafe {
+                let p = MklAllocator.alloc(l);
+                assert!(!p.is_null());
+                p.write(1);
+                p
+            })
+            .collect()
+    };
+    let free = |l: Layout, ps: Vec<*mut u8>| {
+        for p in ps {
+            // SAFETY: live blocks of `l`, freed once.
+            unsafe { MklAllocator.dealloc(p, l) };
+        }
+    };
+    let first = phase(big, 300);
+    let anchor = first[0];
+    free(big, first);
+    manager::free_buffers();
+    let (live, dirty, _) = medium();
+    assert_eq!(dirty, 0);
+    let region = mapping_len(anchor);
+    let second = phase(small, 200 * MIB / small.size());
+    assert!(medium().0 >= live + 200 * MIB as u64);
+    assert_eq!(
+        mapping_len(anchor) >> 20,
+        region >> 20,
+        "the region grew for the second phase (MiB)"
+    );
+    free(small, second);
+}
+
 /// A block grown from below 4 KiB, as `Vec::push` grows one (doubling
 /// from a few bytes), becomes medium once it reaches a medium size: MKL
 /// serves the small sizes from the C runtime beneath the hooks, and its
@@ -420,6 +472,7 @@ fn a_program_that_lets_go_gives_back_at_its_next_small_allocation() {
     run_alone("let_go_child", &[("LET_GO_VIA", "split")]);
     run_alone("let_go_child", &[("LET_GO_VIA", "mkl")]);
     run_alone("let_go_child", &[("LET_GO_VIA", "working")]);
+    run_alone("let_go_child", &[("LET_GO_VIA", "teardown")]);
 }
 
 #[test]
@@ -429,12 +482,17 @@ fn let_go_child() {
         return;
     }
     let via = std::env::var("LET_GO_VIA").unwrap();
+    // "working": a working set of steady size, each freed block replaced
+    // by one of another class (the frees and the allocations balance);
+    // "teardown": a teardown that keeps an 8 KiB result per 64 blocks
+    // dropped, which lets go all the same.
     let working = via == "working";
+    let teardown = via == "teardown";
     assert!(!mkl_alloc::background::is_running());
     block_cache::enable(256 * MIB);
     block_cache::set_decay_ms(100);
     let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
-    let keep = Layout::from_size_align(8 * KIB, 64).unwrap();
+    let keep = Layout::from_size_align(if working { 56 } else { 8 } * KIB, 64).unwrap();
     let blocks: Vec<*mut u8> = (0..64 * MIB / layout.size())
         .map(|i| {
             // SAFETY: a non-zero layout; written within it.
@@ -447,9 +505,9 @@ fn let_go_child() {
         })
         .collect();
     let mut kept = Vec::new();
-    for p in blocks {
-        if working {
-            // A medium allocation between frees: the working set in use.
+    for (i, p) in blocks.into_iter().enumerate() {
+        if working || (teardown && i % 64 == 63) {
+            // A medium allocation between frees.
             // SAFETY: a non-zero layout, kept live to the end.
             kept.push(unsafe { MklAllocator.alloc(keep) });
         }
@@ -472,6 +530,7 @@ fn let_go_child() {
         }
     };
     assert!(!p.is_null());
+    assert!(!kept.contains(&core::ptr::null_mut()));
     let after = rss();
     let end = medium().1;
     eprintln!("{via}: dirty {dirty} -> {end}, RSS {before} -> {after}");

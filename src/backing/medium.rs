@@ -12,7 +12,7 @@
 //! unused for the block cache's decay time.
 //!
 //! **What.** At the first medium request the region is placed (`region`:
-//! a range of up to 64 GiB from 1 TiB up, of which only a first segment of
+//! a range of up to 128 GiB from 1 TiB up, of which only a first segment of
 //! 64 MiB is mapped; it grows a segment at a time as spans are needed,
 //! each mapped right after the last, so that under `ulimit -v` the region
 //! takes what the medium working set needs, not the limit's half; where
@@ -64,9 +64,10 @@
 //! (it allocates only small objects, which the split's small side or
 //! MKL's own small buffers serve) would keep them resident for as long as
 //! it runs. The crate tells such a program by its frees: a run of frees
-//! with no medium allocation between that passes [`LET_GO`] (16 MiB) is a
-//! program letting go of its work, not one reusing it (a working set in
-//! use frees and allocates in turn). From then on, until the run's dirty
+//! that passes [`LET_GO`] (16 MiB) beyond the medium allocations made
+//! meanwhile is a program letting go of its work, not one reusing it (a
+//! working set in use frees and allocates in turn; a teardown may still
+//! allocate now and then). From then on, until the run's dirty
 //! blocks are reused or decayed, every allocation through the crate's
 //! allocators is a decay point, small ones too (`MklAllocator`'s, which
 //! MKL serves from its own buffers, and the split's small side's): a
@@ -107,8 +108,8 @@ mod region;
 #[cfg(not(loom))]
 pub(crate) use instance::*;
 
-/// A run of frees with no medium allocation between that passes this many
-/// bytes is a program letting go of its work: until its dirty blocks are
+/// A run of frees that passes this many bytes beyond the medium
+/// allocations made meanwhile is a program letting go of its work: until its dirty blocks are
 /// reused or decayed, every allocation of the crate's allocators is a
 /// decay point (see the module docs).
 pub(crate) const LET_GO: usize = 16 << 20;
@@ -153,8 +154,9 @@ mod instance {
     /// The classes the fork handler locked (bit `k`: class `k`).
     static FORK_TAKEN: AtomicU32 = AtomicU32::new(0);
 
-    /// Bytes freed since the last medium allocation while no background
-    /// thread serves the process: the current run of frees.
+    /// Bytes freed less bytes allocated (medium blocks, floored at zero)
+    /// while no background thread serves the process: the current run of
+    /// frees.
     static RUN: AtomicUsize = AtomicUsize::new(0);
 
     /// A run of frees passed [`LET_GO`] and its dirty blocks are not yet
@@ -243,11 +245,16 @@ mod instance {
         if got.is_none() {
             got = grow_and_alloc(k);
         }
-        // A medium allocation ends the run of frees (see `let_go`), and
-        // clears the flag once the run's blocks are reused.
-        if RUN.load(Relaxed) != 0 {
-            RUN.store(0, Relaxed);
+        // A medium allocation takes its size off the run of frees (see
+        // `let_go`): a working set that frees and allocates in turn keeps
+        // it near zero, while a teardown with an allocation now and then
+        // (a result kept per 64 arrays dropped) still passes LET_GO. No
+        // read-modify-write: a lost update only shifts the estimate.
+        let run = RUN.load(Relaxed);
+        if run != 0 {
+            RUN.store(run.saturating_sub(class::size(k)), Relaxed);
         }
+        // And clears the flag once the run's blocks are reused.
         settle();
         if let Some((p, zero)) = got {
             // To memcheck, the whole class size (a resize within the class
@@ -455,7 +462,11 @@ mod instance {
     /// shards: takes every class's lock (see `Heap::lock_for_fork`).
     #[cfg_attr(windows, allow(dead_code))]
     pub(crate) fn lock_for_fork() {
-        let taken = HEAP.lock_for_fork(super::lock::held_here(), super::lock::outer_held_here());
+        let taken = HEAP.lock_for_fork(
+            super::lock::held_here(),
+            super::lock::outer_held_here(),
+            super::lock::inner_held_here(),
+        );
         FORK_TAKEN.store(taken, Relaxed);
     }
 

@@ -1,6 +1,7 @@
 //! The size classes of medium blocks: whole pages plus [`HEADROOM`] (128
 //! bytes), a page apart up to 32 KiB and four per doubling above (4, 8,
-//! 12, ..., 32, 40, 48, 56, 64, 80, ..., 1024 KiB, each plus 128 B).
+//! 12, ..., 32, 40, 48, 56, 64, 80, ..., 896 KiB, each plus 128 B; then
+//! 1024 KiB, which needs none: every request it serves is below 1 MiB).
 //!
 //! **Why the headroom.** MKL adds 88 bytes to every request (its header
 //! and alignment): a 4096-byte `MKL_malloc` asks `i_malloc` for 4184. With
@@ -94,7 +95,23 @@ pub(crate) fn of(n: usize) -> Option<usize> {
 /// The block size of class `k`, in bytes.
 #[inline(always)]
 pub fn size(k: usize) -> usize {
-    ((PAGES[k] as usize) << PAGE_SHIFT) + HEADROOM
+    SIZES[k] as usize
+}
+
+/// Each class's block size: its pages plus [`HEADROOM`], but the last
+/// class's (1 MiB: every request it serves is below [`END`], header
+/// included, so it needs none, and four of its blocks fill a span).
+const SIZES: [u32; CLASSES] = sizes();
+
+const fn sizes() -> [u32; CLASSES] {
+    let mut out = [0u32; CLASSES];
+    let mut k = 0;
+    while k < CLASSES {
+        out[k] = ((PAGES[k] as u32) << PAGE_SHIFT) + HEADROOM as u32;
+        k += 1;
+    }
+    out[CLASSES - 1] = END as u32;
+    out
 }
 
 #[cfg(test)]
@@ -103,7 +120,7 @@ mod tests {
 
     #[test]
     fn the_classes_are_the_documented_ones() {
-        assert!((0..CLASSES).all(|k| size(k) % 1024 == HEADROOM && size(k) % 64 == 0));
+        assert!((0..CLASSES - 1).all(|k| size(k) % 1024 == HEADROOM && size(k) % 64 == 0));
         let kib: Vec<usize> = (0..CLASSES).map(|k| size(k) >> 10).collect();
         assert_eq!(
             kib,
@@ -112,7 +129,7 @@ mod tests {
                 320, 384, 448, 512, 640, 768, 896, 1024
             ]
         );
-        assert_eq!(size(CLASSES - 1), END + HEADROOM);
+        assert_eq!(size(CLASSES - 1), END);
     }
 
     #[test]

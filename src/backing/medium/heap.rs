@@ -46,9 +46,9 @@
 use core::ptr;
 
 #[cfg(not(loom))]
-use core::sync::atomic::AtomicU8;
+use core::sync::atomic::{AtomicU8, AtomicU32};
 #[cfg(loom)]
-use loom::sync::atomic::AtomicU8;
+use loom::sync::atomic::{AtomicU8, AtomicU32};
 
 use super::class::{self, CLASSES, PAGE_SHIFT};
 use super::lock::SpinLock;
@@ -85,8 +85,8 @@ pub const SPAN: usize = if cfg!(any(miri, loom)) {
     4 << 20
 };
 
-/// The largest region (64 GiB).
-pub(crate) const REGION_MAX: usize = 64 << 30;
+/// The largest region (128 GiB of address space, taken as it is needed).
+pub(crate) const REGION_MAX: usize = 128 << 30;
 
 /// Spans a segment has: the unit the region grows by (64 MiB; 4 MiB under
 /// Miri and loom). Its first span holds the segment's block metadata.
@@ -127,10 +127,13 @@ const FLIGHT_MAX: usize = 3 * BATCH;
 /// class's).
 #[cfg(not(loom))]
 const RARE_BIT: u32 = 1 << 31;
-const _: () = assert!(CLASSES < 31);
+/// The pool's lock's bit.
+#[cfg(not(loom))]
+const POOL_BIT: u32 = 1 << 30;
+const _: () = assert!(CLASSES < 30);
 
 /// Blocks are named by their offset in the region in these units (64
-/// bytes: every block starts at a multiple; 64 GiB / 64 fits a `u32`).
+/// bytes: every block starts at a multiple; 128 GiB / 64 fits a `u32`).
 const UNIT_SHIFT: u32 = 6;
 const _: () = assert!(REGION_MAX >> UNIT_SHIFT <= NONE as usize);
 
@@ -285,6 +288,18 @@ pub struct Heap {
     next_span: AtomicUsize,
     /// Each span's class plus one; 0: not handed out.
     spans: [AtomicU8; MAX_SPANS],
+    /// Each span's carved blocks that are not clean (live, dirty, or in
+    /// flight from either): written under its class's lock. A span whose
+    /// count falls to 0 leaves its class for the pool.
+    used: [AtomicU32; MAX_SPANS],
+    /// The pool: spans that left their class, whole and given back (their
+    /// metadata too), for any class to take. A stack linked through
+    /// `pool_next`, under `pool_lock` (innermost: taken inside a class's).
+    pool_lock: SpinLock,
+    pool_head: AtomicU32,
+    pool_next: [AtomicU32; MAX_SPANS],
+    /// Spans in the pool.
+    pooled: AtomicUsize,
     classes: [Class; N_CLASSES],
 }
 
@@ -297,6 +312,11 @@ impl Heap {
             rare: SpinLock::new(),
             next_span: AtomicUsize::new(0),
             spans: [const { AtomicU8::new(0) }; MAX_SPANS],
+            used: [const { AtomicU32::new(0) }; MAX_SPANS],
+            pool_lock: SpinLock::new(),
+            pool_head: AtomicU32::new(NONE),
+            pool_next: [const { AtomicU32::new(NONE) }; MAX_SPANS],
+            pooled: AtomicUsize::new(0),
             classes: [const { Class::new() }; N_CLASSES],
         }
     }
@@ -309,6 +329,11 @@ impl Heap {
             rare: SpinLock::new(),
             next_span: AtomicUsize::new(0),
             spans: core::array::from_fn(|_| AtomicU8::new(0)),
+            used: core::array::from_fn(|_| AtomicU32::new(0)),
+            pool_lock: SpinLock::new(),
+            pool_head: AtomicU32::new(NONE),
+            pool_next: core::array::from_fn(|_| AtomicU32::new(NONE)),
+            pooled: AtomicUsize::new(0),
             classes: core::array::from_fn(|_| Class::new()),
         }
     }
@@ -447,28 +472,36 @@ impl Heap {
                     self.unlink_clean(l, i);
                     (*self.meta(i)).state = LIVE;
                 }
+                self.use_span(i, 1);
                 sub(&c.clean, size);
                 add(&c.live, size);
                 return Some((i, true));
             }
             if l.end - l.bump < size {
-                let spans = self.len.load(Acquire) / SPAN;
-                let s = self
-                    .next_span
-                    .fetch_update(Relaxed, Relaxed, |s| {
-                        let s = block_span(s);
-                        (s < spans).then_some(s + 1)
-                    })
-                    .ok()?;
-                let s = block_span(s);
+                let s = match self.pool_pop() {
+                    Some(s) => s,
+                    None => {
+                        let spans = self.len.load(Acquire) / SPAN;
+                        let s = self
+                            .next_span
+                            .fetch_update(Relaxed, Relaxed, |s| {
+                                let s = block_span(s);
+                                (s < spans).then_some(s + 1)
+                            })
+                            .ok()?;
+                        block_span(s)
+                    }
+                };
                 self.spans[s].store(k as u8 + 1, Relaxed);
                 l.bump = s * SPAN;
                 l.end = l.bump + SPAN / size * size;
             }
-            // Its metadata entry reads LIVE: never written (a span stays
-            // with its class, and no other block starts in its page).
+            // Its metadata entry reads LIVE: never written since its span
+            // was fresh or pooled (given back whole, metadata too), and no
+            // other block starts in its page.
             let i = (l.bump >> UNIT_SHIFT) as u32;
             l.bump += size;
+            self.use_span(i, 1);
             add(&c.live, size);
             Some((i, true))
         });
@@ -651,14 +684,100 @@ impl Heap {
             }
             first = last + 1;
         }
-        let _guard = c.lock.lock();
+        let mut emptied = [NONE; FLIGHT_MAX];
+        let mut n = 0;
+        let guard = c.lock.lock();
         c.lists.with_mut(|l| {
-            for &id in flight.iter() {
-                // SAFETY: the class's lock is held; a block of this class,
-                // in no list.
-                unsafe { self.push_clean(&mut *l, id) };
+            // SAFETY: the class's lock is held (see `alloc`).
+            let l = unsafe { &mut *l };
+            for (j, &id) in flight.iter().enumerate() {
+                // SAFETY: a block of this class, in no list.
+                unsafe { self.push_clean(l, id) };
+                if j < fresh && self.use_span(id, -1) == 0 {
+                    emptied[n] = (((id as usize) << UNIT_SHIFT) / SPAN) as u32;
+                    n += 1;
+                }
+            }
+            for &s in &emptied[..n] {
+                // SAFETY: the lock is held; every carved block of `s` is
+                // clean (its count fell to 0).
+                unsafe { self.leave_class(c, l, size, s as usize) };
             }
         });
+        drop(guard);
+        for &s in &emptied[..n] {
+            let s = s as usize;
+            // SAFETY: the span left its class: no block of it is on a
+            // list, live or in anybody's hands; its metadata entries are
+            // read by nobody until it is carved again.
+            unsafe {
+                env.purge(self.base().add(s * SPAN), SPAN);
+                let (seg, first) = (s / SEG_SPANS, (s % SEG_SPANS) * (SPAN >> PAGE_SHIFT));
+                let meta = self.base().add(seg * SEG).cast::<Meta>().add(first);
+                env.purge(meta.cast(), (SPAN >> PAGE_SHIFT) * size_of::<Meta>());
+            }
+            self.pool_push(s);
+        }
+    }
+
+    /// Adds `d` (1 or -1) to the count of the span that holds the block
+    /// `id`; returns the new count. Under the class's lock.
+    #[inline(always)]
+    fn use_span(&self, id: u32, d: i32) -> u32 {
+        let s = ((id as usize) << UNIT_SHIFT) / SPAN;
+        let n = self.used[s].load(Relaxed).wrapping_add_signed(d);
+        self.used[s].store(n, Relaxed);
+        n
+    }
+
+    /// Takes every carved block of the span `s` (all clean) off the clean
+    /// list, and the span out of the class (its bump range too, if it is
+    /// the class's current span).
+    ///
+    /// # Safety
+    /// The class's lock is held; `s` is its span, every carved block of
+    /// which is clean.
+    unsafe fn leave_class(&self, c: &Class, l: &mut Lists, size: usize, s: usize) {
+        let start = s * SPAN;
+        let carved = if (start..=start + SPAN).contains(&l.bump) && l.end > l.bump {
+            let n = (l.bump - start) / size;
+            (l.bump, l.end) = (0, 0);
+            n
+        } else {
+            SPAN / size
+        };
+        for b in 0..carved {
+            let id = ((start + b * size) >> UNIT_SHIFT) as u32;
+            // SAFETY: a block of the class, clean: on the clean list.
+            unsafe { self.unlink_clean(l, id) };
+        }
+        sub(&c.clean, carved * size);
+        self.spans[s].store(0, Relaxed);
+    }
+
+    /// Puts the span `s` (out of every class, given back) in the pool.
+    fn pool_push(&self, s: usize) {
+        let _guard = self.pool_lock.lock_inner();
+        self.pool_next[s].store(self.pool_head.load(Relaxed), Relaxed);
+        self.pool_head.store(s as u32, Relaxed);
+        add(&self.pooled, 1);
+    }
+
+    /// A span from the pool, if it holds one.
+    #[inline]
+    fn pool_pop(&self) -> Option<usize> {
+        if self.pool_head.load(Relaxed) == NONE {
+            return None;
+        }
+        let _guard = self.pool_lock.lock_inner();
+        let s = self.pool_head.load(Relaxed);
+        if s == NONE {
+            return None;
+        }
+        self.pool_head
+            .store(self.pool_next[s as usize].load(Relaxed), Relaxed);
+        sub(&self.pooled, 1);
+        Some(s as usize)
     }
 
     /// # Safety
@@ -768,8 +887,10 @@ impl Heap {
 
     /// Bytes in live blocks, in dirty blocks (free, resident) and in
     /// clean blocks (free, given back): a snapshot.
+    /// (The pool's spans count as clean: address space only.)
     pub fn figures(&self) -> (usize, usize, usize) {
-        self.classes.iter().fold((0, 0, 0), |(l, d, c), k| {
+        let pooled = self.pooled.load(Relaxed) * SPAN;
+        self.classes.iter().fold((0, 0, pooled), |(l, d, c), k| {
             (
                 l + k.live.load(Relaxed),
                 d + k.dirty.load(Relaxed),
@@ -785,14 +906,14 @@ impl Heap {
     }
 
     /// `pthread_atfork`'s prepare handler: takes the rare lock, then every
-    /// class's lock, in order. A lock this thread may hold itself (`mine`
-    /// and `mine_outer`, from a fork in a signal handler that interrupted
-    /// it) is only tried, for about a millisecond, and skipped if it stays
-    /// held. Returns which were taken (bit `k`: class `k`; bit
-    /// [`RARE_BIT`]: the rare lock).
+    /// class's lock, in order, then the pool's. A lock this thread may hold
+    /// itself (`mine`, `mine_outer` and `mine_inner`, from a fork in a
+    /// signal handler that interrupted it) is only tried, for about a
+    /// millisecond, and skipped if it stays held. Returns which were taken
+    /// (bit `k`: class `k`; [`RARE_BIT`], [`POOL_BIT`]: those locks).
     #[cfg(not(loom))]
     #[cfg_attr(windows, allow(dead_code))]
-    pub(crate) fn lock_for_fork(&self, mine: usize, mine_outer: usize) -> u32 {
+    pub(crate) fn lock_for_fork(&self, mine: usize, mine_outer: usize, mine_inner: usize) -> u32 {
         let take = |lock: &SpinLock, own: bool| {
             if !own {
                 lock.lock_raw();
@@ -814,6 +935,12 @@ impl Heap {
                 taken |= 1 << k;
             }
         }
+        if take(
+            &self.pool_lock,
+            ptr::from_ref(&self.pool_lock).addr() == mine_inner,
+        ) {
+            taken |= POOL_BIT;
+        }
         taken
     }
 
@@ -830,6 +957,10 @@ impl Heap {
                 // SAFETY: the caller's contract: held here, without a guard.
                 unsafe { c.lock.force_unlock() };
             }
+        }
+        if taken & POOL_BIT != 0 {
+            // SAFETY: as above.
+            unsafe { self.pool_lock.force_unlock() };
         }
         if taken & RARE_BIT != 0 {
             // SAFETY: as above.
@@ -1126,7 +1257,59 @@ pub(crate) mod tests {
         assert_eq!(e.heap.decay(5, None, &e), 70);
         assert!(!e.heap.any_dirty());
         assert_eq!(e.reserved.get(), 0);
-        assert_eq!(e.heap.figures(), (0, 0, 70 * class::size(k)));
+        // Every block of the span free and clean: the span left the class
+        // for the pool (counted clean, as address space).
+        assert_eq!(e.heap.figures(), (0, 0, SPAN));
+    }
+
+    /// A span whose blocks are all free and clean leaves its class, given
+    /// back whole with its metadata, and any class takes it next: a
+    /// program that changes phase (many blocks of one size, freed, then
+    /// another size) reuses it, and what the first phase's metadata took
+    /// goes back with it.
+    #[test]
+    fn an_emptied_span_goes_to_the_pool_for_any_class() {
+        let e = Test::new(2);
+        let big = CLASSES - 2; // 896 KiB + 128 B: 4 a span
+        let size = class::size(big);
+        let per_span = SPAN / size;
+        let blocks: Vec<_> = (0..2 * per_span)
+            .map(|_| e.heap.alloc(big, &e).unwrap().0)
+            .collect();
+        for &p in &blocks {
+            // SAFETY: live blocks of `size` bytes, each freed once below.
+            unsafe { p.write_bytes(7, size) };
+        }
+        // The first span's blocks freed and given back; one block of the
+        // second span freed and kept dirty.
+        // SAFETY: live blocks, each freed once.
+        unsafe {
+            for &p in &blocks[..=per_span] {
+                e.heap.free(p, 0, &e);
+            }
+        }
+        let before = e.purged.get();
+        assert_eq!(e.heap.decay(0, Some(0), &e), per_span + 1);
+        let (first, second) = (blocks[0], blocks[per_span]);
+        assert_eq!((first.addr() - e.region.addr()) % SPAN, 0);
+        // The first span went whole to the pool (and its 16 bytes a page
+        // of metadata); the second stays its class's (two blocks live).
+        assert!(e.purged.get() - before >= SPAN + (SPAN >> PAGE_SHIFT) * size_of::<Meta>());
+        assert_eq!(e.heap.figures(), ((per_span - 1) * size, 0, SPAN + size));
+        // Another class takes the pooled span: fresh, reading zero.
+        let small = 0;
+        let (p, zero) = e.heap.alloc(small, &e).unwrap();
+        assert!(zero);
+        assert_eq!(p, first);
+        assert_eq!(e.heap.block_size(p), class::size(small));
+        // SAFETY: a live block of class::size(small) bytes.
+        assert!(
+            unsafe { bytes(p, class::size(small)) }
+                .iter()
+                .all(|&x| x == 0)
+        );
+        // The big class's freed block of the second span is reused.
+        assert_eq!(e.heap.alloc(big, &e), Some((second, true)));
     }
 
     #[test]

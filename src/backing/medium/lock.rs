@@ -11,6 +11,8 @@
 //! growth or a decay batch, with class locks taken inside it) is taken
 //! with [`SpinLock::lock_outer`], which records it in a word of its own
 //! (`OUTER`): an inner lock taken and released meanwhile leaves it there.
+//! The span pool's lock, taken inside a class's, likewise records itself
+//! apart (`INNER`, [`SpinLock::lock_inner`]).
 
 use crate::sync::{AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
@@ -33,6 +35,15 @@ std::thread_local! {
     /// The outer lock this thread is taking or holds (its address; 0:
     /// none).
     static OUTER: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+    /// The innermost lock (the span pool's, taken inside a class's) this
+    /// thread is taking or holds (its address; 0: none).
+    static INNER: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// The innermost lock (address) this thread may hold: see the module docs.
+#[cfg(not(loom))]
+pub(crate) fn inner_held_here() -> usize {
+    INNER.get()
 }
 
 /// The lock (address) this thread may hold: see the module docs.
@@ -90,6 +101,21 @@ impl SpinLock {
             self.lock_slow();
         }
         OuterGuard { lock: self }
+    }
+
+    /// Takes the lock as the innermost one (taken inside a class's lock,
+    /// recorded apart from it); the guard releases it.
+    pub(crate) fn lock_inner(&self) -> InnerGuard<'_> {
+        #[cfg(not(loom))]
+        INNER.set(core::ptr::from_ref(self).addr());
+        if self
+            .word
+            .compare_exchange_weak(0, 1, Acquire, Relaxed)
+            .is_err()
+        {
+            self.lock_slow();
+        }
+        InnerGuard { lock: self }
     }
 
     #[cold]
@@ -180,5 +206,18 @@ impl Drop for OuterGuard<'_> {
         self.lock.word.store(0, Release);
         #[cfg(not(loom))]
         OUTER.set(0);
+    }
+}
+
+/// A [`SpinLock`] held as the innermost one; dropping it releases the lock.
+pub(crate) struct InnerGuard<'a> {
+    lock: &'a SpinLock,
+}
+
+impl Drop for InnerGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.word.store(0, Release);
+        #[cfg(not(loom))]
+        INNER.set(0);
     }
 }

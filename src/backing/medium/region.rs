@@ -2,9 +2,9 @@
 //! medium working set grows, kept for the process's life.
 //!
 //! **Where.** At the first medium request a place for the whole region
-//! ([`REGION_MAX`], 64 GiB) is chosen far from where the kernel puts
+//! ([`REGION_MAX`], 128 GiB) is chosen far from where the kernel puts
 //! mappings of its own choosing (from 1 TiB up, below 8 TiB, at a
-//! randomized multiple of 64 GiB: the kernel fills the address space from
+//! randomized multiple of 128 GiB: the kernel fills the address space from
 //! near 128 TiB down, the program and its `brk` heap sit near 94 TiB or
 //! below 4 GiB), and only its first segment ([`SEG`], 64 MiB) is mapped
 //! there, with `MAP_FIXED_NOREPLACE` (never over anything). Each growth
@@ -27,7 +27,7 @@
 //! **Elsewhere.** Where no place can be had that way (a kernel without
 //! `MAP_FIXED_NOREPLACE`, which maps elsewhere instead and is undone; an
 //! address space below 8 TiB; valgrind's), the region is one reservation
-//! made whole, as before segments: 64 GiB, halving down to 1 GiB where
+//! made whole, as before segments: 128 GiB, halving down to 1 GiB where
 //! the kernel refuses; it does not grow.
 //!
 //! Adjacent segments with the same protection and flags are one mapping
@@ -45,7 +45,7 @@ use super::heap::{REGION_MAX, SEG, SPAN};
 /// The smallest region tried where it is reserved whole (1 GiB).
 const REGION_MIN: usize = 1 << 30;
 
-/// Where the places tried start (1 TiB) and how many there are (64 GiB
+/// Where the places tried start (1 TiB) and how many there are (128 GiB
 /// apart, up to 8 TiB).
 #[cfg(not(miri))]
 const HINT_BASE: usize = 1 << 40;
