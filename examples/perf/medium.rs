@@ -11,6 +11,15 @@
 //! `getrusage(RUSAGE_SELF)`: a thread the allocator runs for itself counts
 //! too) per step, the median of interleaved rounds.
 //!
+//! "medium same-size churn" (issue 54; a fresh child process per
+//! measurement, since `MKL_ALLOC_MEDIUM` is read once): 1, 2 or 8
+//! threads, each with a window of 32 live blocks of one size (4 KiB,
+//! 48 KiB or 256 KiB); each step frees a random block of its window and
+//! allocates one in its place, one byte written per 4 KiB. Process CPU
+//! time per step (all threads' steps), the median of 5 interleaved
+//! rounds: System, jemalloc, mimalloc, MklAllocator and MklSplitAllocator,
+//! each MKL one also with `MKL_ALLOC_MEDIUM=off` (MKL over glibc).
+//!
 //! "medium footprint" (issue 54; a fresh child process per measurement):
 //! 64 MiB of live blocks of 4096, 4097, 8192 or 16384 bytes, every byte
 //! written; the resident growth over the bytes asked. System, jemalloc,
@@ -555,4 +564,116 @@ fn footprint<G: GlobalAlloc>(g: &G, size: usize) -> f64 {
         unsafe { g.dealloc(p, l) };
     }
     grown * (1 << 20) as f64 / (n * size) as f64
+}
+
+/// The same-size churn's competitors: name, the child's allocator, and
+/// whether medium blocks are off.
+const SAME_SIZE_WHO: [(&str, &str, bool); 7] = [
+    ("System", "system", false),
+    ("jemalloc", "jemalloc", false),
+    ("mimalloc", "mimalloc", false),
+    ("MklAllocator", "mkl", false),
+    ("MklSplitAllocator", "split", false),
+    ("MklAllocator, MKL_ALLOC_MEDIUM=off", "mkl", true),
+    ("MklSplitAllocator, MKL_ALLOC_MEDIUM=off", "split", true),
+];
+
+/// Same-size churn (issue 54): each size and thread count, every
+/// competitor in a child of its own, 5 interleaved rounds.
+pub fn same_size_group(t: &mut Table) {
+    const ROUNDS: usize = 5;
+    for size in [4 << 10, 48 << 10, 256 << 10] {
+        for threads in [1usize, 2, 8] {
+            let mut series: Vec<Series> = SAME_SIZE_WHO.iter().map(|w| Series::new(w.0)).collect();
+            for r in 0..ROUNDS {
+                for i in order(SAME_SIZE_WHO.len(), r) {
+                    let (name, arg, off) = SAME_SIZE_WHO[i];
+                    let mut cmd = Command::new(own_exe());
+                    cmd.args(["--child", "same-size", arg])
+                        .arg(size.to_string())
+                        .arg(threads.to_string());
+                    apply_env(&mut cmd, Env::Defaults);
+                    if off {
+                        cmd.env("MKL_ALLOC_MEDIUM", "off");
+                    }
+                    let out = cmd.output().expect("run a perf same-size child");
+                    assert!(
+                        out.status.success(),
+                        "same-size child {name} {size} {threads} failed: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
+                    series[i].values.push(field(&f, "ns"));
+                }
+            }
+            let kib = size >> 10;
+            t.values(
+                &format!(
+                    "54. same-size churn, {kib} KiB, {threads} thread(s), window 32: free one + alloc one (process CPU per step)"
+                ),
+                "ns",
+                &series,
+            );
+            for (on, off) in [(3, 5), (4, 6)] {
+                t.target(
+                    &format!(
+                        "same-size churn, {kib} KiB, {threads} thread(s): {} ≤ 1.05x itself with MKL_ALLOC_MEDIUM=off",
+                        series[on].name
+                    ),
+                    &series[on],
+                    &series[off],
+                    1.05,
+                );
+            }
+        }
+    }
+}
+
+/// `perf --child same-size <who> <size> <threads>`: process CPU time per
+/// step, printed as `ns=<value>`.
+pub fn same_size_child(args: &[String]) {
+    let size: usize = args[1].parse().expect("a block size");
+    let threads: usize = args[2].parse().expect("a thread count");
+    let ns = match args[0].as_str() {
+        "system" => same_size(&std::alloc::System, size, threads),
+        "jemalloc" => same_size(&tikv_jemallocator::Jemalloc, size, threads),
+        "mimalloc" => same_size(&mimalloc::MiMalloc, size, threads),
+        "mkl" => same_size(&MklAllocator, size, threads),
+        "split" => same_size(&MklSplitAllocator, size, threads),
+        other => panic!("unknown allocator {other}"),
+    };
+    println!("ns={ns:.2}");
+}
+
+/// The same-size churn under `g`: `threads` threads, each a window of 32
+/// blocks of `size` bytes; process CPU time per step over all threads.
+fn same_size<G: GlobalAlloc + Sync>(g: &G, size: usize, threads: usize) -> f64 {
+    const WINDOW: usize = 32;
+    let steps: usize = (40 << 30) / size.max(64 << 10) / threads.max(1);
+    let steps = steps.clamp(20_000, 400_000);
+    let run = |seed: u64, steps: usize| {
+        let mut r = Rng(seed);
+        let mut w: Vec<(*mut u8, Layout)> = (0..WINDOW).map(|_| alloc_touched(g, size)).collect();
+        for _ in 0..steps {
+            let i = (r.next() % WINDOW as u64) as usize;
+            let (p, l) = w[i];
+            // SAFETY: allocated by `g` with `l`, freed once.
+            unsafe { g.dealloc(p, l) };
+            w[i] = alloc_touched(g, size);
+        }
+        for (p, l) in w {
+            // SAFETY: as above.
+            unsafe { g.dealloc(p, l) };
+        }
+    };
+    // A warm-up in each thread's place (pools, MKL's per-thread state).
+    run(1, 1000);
+    let t0 = process_cpu_ns();
+    std::thread::scope(|s| {
+        for k in 0..threads {
+            let run = &run;
+            s.spawn(move || run(0x5EED_0000 + k as u64, steps));
+        }
+    });
+    (process_cpu_ns() - t0) / (steps * threads) as f64
 }

@@ -154,6 +154,9 @@ mod instance {
     /// The classes the fork handler locked (bit `k`: class `k`).
     static FORK_TAKEN: AtomicU32 = AtomicU32::new(0);
 
+    /// Whether the fork handler took the slots' registry lock.
+    static SLOTS_TAKEN: AtomicBool = AtomicBool::new(false);
+
     /// Bytes freed less bytes allocated (medium blocks, floored at zero)
     /// while no background thread serves the process: the current run of
     /// frees.
@@ -238,6 +241,12 @@ mod instance {
     #[inline]
     pub(crate) fn alloc(n: usize) -> Option<(*mut u8, bool)> {
         let k = class::of(n)?;
+        if k < SLOT_CLASSES {
+            if let Some(p) = slots::take(k) {
+                crate::backing::valgrind::malloc_like(p.addr(), class::size(k), false);
+                return Some((p, false));
+            }
+        }
         if !HEAP.ready() && !init() {
             return None;
         }
@@ -278,6 +287,248 @@ mod instance {
         }
         let _ = k;
         None
+    }
+
+    /// Classes below this one (blocks up to 64 KiB + 128 B) have a slot in
+    /// each thread: at most 352 KiB a thread.
+    const SLOT_CLASSES: usize = 12;
+    const _: () = assert!(class::PAGES[SLOT_CLASSES - 1] == 16);
+
+    /// Each thread's last freed block of each small medium class, kept for
+    /// its next allocation of that class: a thread that frees and
+    /// allocates in turn (a loop over temporaries) does both without the
+    /// heap's locks or any shared write (a plain store to park, one
+    /// uncontended swap to take). A slot holds one block; a second free of
+    /// the class while it is taken goes to the heap.
+    ///
+    /// Every thread's slots are on a registry, so that the decay (any
+    /// thread's, the background thread's) takes parked blocks from every
+    /// thread: an idle thread keeps none past the decay time. A parked
+    /// block counts as live in the heap's figures (MKL counts it freed);
+    /// `figures` reports the calling thread's as dirty. A thread's slots go
+    /// back to the heap when it exits; `empty` (`free_buffers`) sweeps them
+    /// all. The registry's lock is taken by the fork handler first, so a
+    /// child finds every thread's slots on it (the forking thread's in use,
+    /// the others' swept by its next decay).
+    mod slots {
+        use core::cell::Cell;
+        use core::ptr;
+        use core::sync::atomic::{
+            AtomicBool, AtomicPtr, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+        };
+
+        use super::{Global, HEAP, SLOT_CLASSES};
+        use crate::backing::medium::lock::SpinLock;
+
+        pub(super) struct Slots {
+            blocks: [AtomicPtr<u8>; SLOT_CLASSES],
+            /// The registry's links (under its lock), and whether this
+            /// thread's slots are on it.
+            next: Cell<*const Slots>,
+            prev: Cell<*const Slots>,
+            on: Cell<bool>,
+        }
+
+        impl Drop for Slots {
+            fn drop(&mut self) {
+                if self.on.get() {
+                    let _g = Held::take();
+                    // SAFETY: on the registry, under its lock.
+                    unsafe { unlink(self) };
+                }
+                give_back(self, crate::sys::now_ms());
+            }
+        }
+
+        std::thread_local! {
+            static SLOTS: Slots = const {
+                Slots {
+                    blocks: [const { AtomicPtr::new(ptr::null_mut()) }; SLOT_CLASSES],
+                    next: Cell::new(ptr::null()),
+                    prev: Cell::new(ptr::null()),
+                    on: Cell::new(false),
+                }
+            };
+        }
+
+        /// The registry: every thread's slots that ever parked a block, a
+        /// list under `LOCK` (taken outside every heap lock; the fork
+        /// handler takes it first).
+        static LOCK: SpinLock = SpinLock::new();
+
+        std::thread_local! {
+            /// Whether this thread is taking or holds `LOCK` (for a fork
+            /// from a signal handler that interrupted it).
+            static HELD: Cell<bool> = const { Cell::new(false) };
+        }
+
+        /// `LOCK` held; released when dropped.
+        struct Held;
+
+        impl Held {
+            fn take() -> Held {
+                let _ = HELD.try_with(|h| h.set(true));
+                LOCK.lock_raw();
+                Held
+            }
+        }
+
+        impl Drop for Held {
+            fn drop(&mut self) {
+                // SAFETY: taken by `Held::take` in this thread.
+                unsafe { LOCK.force_unlock() };
+                let _ = HELD.try_with(|h| h.set(false));
+            }
+        }
+        /// Whether a block may have been parked since the last sweep.
+        static ANY: AtomicBool = AtomicBool::new(false);
+
+        /// Whether a block may be parked in any thread (a snapshot).
+        #[inline]
+        pub(super) fn any() -> bool {
+            ANY.load(Relaxed)
+        }
+
+        /// The registry's first entry: written under LOCK, read under it
+        /// (and peeked at without it, atomically, by `sweep`).
+        static HEAD: AtomicPtr<Slots> = AtomicPtr::new(ptr::null_mut());
+
+        /// # Safety
+        /// `s` is on the registry; LOCK is held.
+        unsafe fn unlink(s: &Slots) {
+            let (next, prev) = (s.next.get(), s.prev.get());
+            // SAFETY: the registry's entries are live threads' slots
+            // (unlinked before their thread's storage goes), under LOCK.
+            unsafe {
+                if prev.is_null() {
+                    HEAD.store(next.cast_mut(), Relaxed);
+                } else {
+                    (*prev).next.set(next);
+                }
+                if !next.is_null() {
+                    (*next).prev.set(prev);
+                }
+            }
+            s.on.set(false);
+        }
+
+        /// This thread's parked block of class `k`, if it has one.
+        #[inline(always)]
+        pub(super) fn take(k: usize) -> Option<*mut u8> {
+            SLOTS
+                .try_with(|s| {
+                    let slot = &s.blocks[k];
+                    if slot.load(Relaxed).is_null() {
+                        return ptr::null_mut();
+                    }
+                    slot.swap(ptr::null_mut(), Acquire)
+                })
+                .ok()
+                .filter(|p| !p.is_null())
+        }
+
+        /// Parks the freed block `p` of class `k` in this thread's slot:
+        /// `false` if the slot is taken (or the thread is exiting).
+        #[inline(always)]
+        pub(super) fn put(k: usize, p: *mut u8) -> bool {
+            SLOTS
+                .try_with(|s| {
+                    let slot = &s.blocks[k];
+                    // Only this thread stores a block; a sweep only takes
+                    // one (a swap): a plain store cannot lose a block.
+                    if !slot.load(Relaxed).is_null() {
+                        return false;
+                    }
+                    if !s.on.get() {
+                        register(s);
+                    }
+                    slot.store(p, Release);
+                    // Read-shared: written only when it changes.
+                    if !ANY.load(Relaxed) {
+                        ANY.store(true, Relaxed);
+                    }
+                    true
+                })
+                .unwrap_or(false)
+        }
+
+        #[cold]
+        #[inline(never)]
+        fn register(s: &Slots) {
+            let _g = Held::take();
+            let head = HEAD.load(Relaxed);
+            s.next.set(head);
+            s.prev.set(ptr::null());
+            if !head.is_null() {
+                // SAFETY: a live thread's slots, on the registry, LOCK held.
+                unsafe { (*head).prev.set(s) };
+            }
+            HEAD.store(ptr::from_ref(s).cast_mut(), Relaxed);
+            s.on.set(true);
+        }
+
+        /// Bytes in this thread's parked blocks.
+        pub(super) fn parked() -> usize {
+            SLOTS
+                .try_with(|s| {
+                    (0..SLOT_CLASSES)
+                        .filter(|&k| !s.blocks[k].load(Relaxed).is_null())
+                        .map(crate::backing::medium::class::size)
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+
+        /// Gives every thread's parked blocks back to the heap, as freed at
+        /// `when` (ms).
+        pub(super) fn sweep(when: usize) {
+            if !ANY.load(Relaxed) {
+                return; // nothing parked since the last sweep
+            }
+            let _g = Held::take();
+            ANY.store(false, Relaxed);
+            let mut s: *const Slots = HEAD.load(Relaxed);
+            while !s.is_null() {
+                // SAFETY: a live thread's slots, on the registry, LOCK held.
+                let slots = unsafe { &*s };
+                give_back(slots, when);
+                s = slots.next.get();
+            }
+        }
+
+        fn give_back(s: &Slots, when: usize) {
+            for slot in &s.blocks {
+                let p = slot.swap(ptr::null_mut(), Acquire);
+                if !p.is_null() {
+                    // SAFETY: a block freed to the slot (no longer its
+                    // owner's), taken out of it by the swap: freed once.
+                    unsafe { HEAP.free(p, when, &Global) };
+                }
+            }
+        }
+
+        /// The fork handlers': the registry's lock.
+        pub(super) fn lock_for_fork() -> bool {
+            // A fork from a signal handler that interrupted this thread
+            // while it held the lock: not waited for (see `lock`).
+            if HELD.try_with(Cell::get).unwrap_or(false) {
+                return (0..1000).any(|_| {
+                    LOCK.try_lock_raw() || {
+                        std::thread::yield_now();
+                        false
+                    }
+                });
+            }
+            LOCK.lock_raw();
+            true
+        }
+
+        /// # Safety
+        /// [`lock_for_fork`] returned `true`, in this thread (or its copy).
+        pub(super) unsafe fn unlock_after_fork() {
+            // SAFETY: the caller's contract.
+            unsafe { LOCK.force_unlock() };
+        }
     }
 
     /// Reserves the region, once: `false` if medium blocks are off or
@@ -336,6 +587,11 @@ mod instance {
     #[inline]
     pub(crate) unsafe fn free(p: *mut u8) {
         crate::backing::valgrind::free_like(p.addr());
+        // SAFETY: the caller's contract: a live medium block.
+        let k = unsafe { HEAP.class_of(p) };
+        if k < SLOT_CLASSES && slots::put(k, p) {
+            return;
+        }
         if !crate::background::serving() {
             // SAFETY: the caller's contract: a live medium block.
             count_free(unsafe { block_size(p) });
@@ -408,8 +664,15 @@ mod instance {
     /// from any thread at any time, inside or outside MKL's calls.
     pub(crate) fn decay(now_ms: usize) -> usize {
         let d = block_cache::decay_ms();
-        if d > (u32::MAX / 2) as usize || !HEAP.any_dirty() {
+        if d > (u32::MAX / 2) as usize {
             return 0; // a decay beyond ~24 days: never
+        }
+        // This thread's parked blocks go back with the decay, as freed the
+        // decay time ago (a decay point comes at most every quarter of it:
+        // the next allocation of such a class takes a fresh block then).
+        slots::sweep(now_ms.wrapping_sub(d));
+        if !HEAP.any_dirty() {
+            return 0;
         }
         HEAP.decay(now_ms, Some(d as u32), &Global)
     }
@@ -419,7 +682,7 @@ mod instance {
     #[inline]
     pub(crate) fn maybe_decay(now_ms: usize) {
         let due = NEXT_SWEEP.load(Relaxed);
-        if now_ms < due || !HEAP.any_dirty() {
+        if now_ms < due || !any_dirty() {
             return;
         }
         let next = now_ms.saturating_add((block_cache::decay_ms() / 4).max(1));
@@ -441,6 +704,7 @@ mod instance {
     /// `block_cache::empty` and `disable`, a budget lowered below what is
     /// held).
     pub(crate) fn empty() {
+        slots::sweep(crate::sys::now_ms());
         if HEAP.any_dirty() {
             HEAP.decay(crate::sys::now_ms(), None, &Global);
         }
@@ -448,20 +712,30 @@ mod instance {
 
     /// Whether any class holds dirty blocks (a snapshot).
     #[inline]
+    /// (A block parked in a thread's slot counts: the decay takes it.)
     pub(crate) fn any_dirty() -> bool {
-        HEAP.any_dirty()
+        HEAP.any_dirty() || slots::any()
     }
 
     /// Bytes in live medium blocks, held dirty for reuse, and given back
     /// (clean): a snapshot.
+    ///
+    /// The calling thread's parked blocks (see `slots`) count as dirty
+    /// (free, resident); other threads' as live (at most 352 KiB a
+    /// thread, until the next decay: the heap cannot tell them from blocks
+    /// in use).
     pub(crate) fn figures() -> (usize, usize, usize) {
-        HEAP.figures()
+        let (live, dirty, clean) = HEAP.figures();
+        let parked = slots::parked();
+        (live - parked, dirty + parked, clean)
     }
 
     /// `pthread_atfork`'s prepare handler, after the block cache's
     /// shards: takes every class's lock (see `Heap::lock_for_fork`).
     #[cfg_attr(windows, allow(dead_code))]
     pub(crate) fn lock_for_fork() {
+        // The slots' registry first: a sweep holds it around heap frees.
+        SLOTS_TAKEN.store(slots::lock_for_fork(), Relaxed);
         let taken = HEAP.lock_for_fork(
             super::lock::held_here(),
             super::lock::outer_held_here(),
@@ -478,6 +752,10 @@ mod instance {
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.
         unsafe { HEAP.unlock_after_fork(taken) };
+        if SLOTS_TAKEN.swap(false, Relaxed) {
+            // SAFETY: as above: taken by lock_for_fork.
+            unsafe { slots::unlock_after_fork() };
+        }
     }
 }
 

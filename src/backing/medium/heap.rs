@@ -428,6 +428,15 @@ impl Heap {
         self.spans[off / SPAN].load(Relaxed) as usize - 1
     }
 
+    /// The class of the live block `p` of the heap.
+    ///
+    /// # Safety
+    /// `p` is a live block of the heap.
+    #[inline(always)]
+    pub unsafe fn class_of(&self, p: *const u8) -> usize {
+        self.class_at(p.addr() - self.base().addr())
+    }
+
     /// The size of the live block `p` of the heap.
     #[inline(always)]
     pub fn block_size(&self, p: *const u8) -> usize {
