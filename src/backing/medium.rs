@@ -289,13 +289,13 @@ mod instance {
         None
     }
 
-    /// Classes below this one (blocks up to 64 KiB + 128 B) have a slot in
-    /// each thread: at most 352 KiB a thread.
-    const SLOT_CLASSES: usize = 12;
-    const _: () = assert!(class::PAGES[SLOT_CLASSES - 1] == 16);
+    /// Classes below this one (blocks up to 256 KiB + 128 B) have a slot
+    /// in each thread: at most 1.6 MiB a thread, until the next decay.
+    const SLOT_CLASSES: usize = 20;
+    const _: () = assert!(class::PAGES[SLOT_CLASSES - 1] == 64);
 
     /// Each thread's last freed block of each small medium class, kept for
-    /// its next allocation of that class: a thread that frees and
+    /// its next allocation of that class (up to 256 KiB): a thread that frees and
     /// allocates in turn (a loop over temporaries) does both without the
     /// heap's locks or any shared write (a plain store to park, one
     /// uncontended swap to take). A slot holds one block; a second free of
@@ -721,7 +721,7 @@ mod instance {
     /// (clean): a snapshot.
     ///
     /// The calling thread's parked blocks (see `slots`) count as dirty
-    /// (free, resident); other threads' as live (at most 352 KiB a
+    /// (free, resident); other threads' as live (at most 1.6 MiB a
     /// thread, until the next decay: the heap cannot tell them from blocks
     /// in use).
     pub(crate) fn figures() -> (usize, usize, usize) {
