@@ -291,6 +291,59 @@ fn phase_change_child() {
     free(small, second);
 }
 
+/// Dirty medium blocks share the block cache's budget, counted at their
+/// classes' sizes (pages never touched included): they never keep a big
+/// temporary out of the cache. Freed 1 MB blocks fill the budget; a
+/// 64 MiB temporary freed after them is cached all the same, the oldest
+/// dirty blocks given back to make room.
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn dirty_medium_blocks_never_keep_a_temporary_out_of_the_cache() {
+    run_alone("budget_child", &[]);
+}
+
+#[test]
+#[ignore = "run by dirty_medium_blocks_never_keep_a_temporary_out_of_the_cache in a child process"]
+fn budget_child() {
+    if !medium_here() || !cfg!(target_os = "linux") {
+        return;
+    }
+    block_cache::enable(256 * MIB);
+    let big = Layout::from_size_align(1_000_000, 64).unwrap();
+    let blocks: Vec<*mut u8> = (0..300)
+        .map(|_| {
+            // SAFETY: a non-zero layout; one byte written inside it.
+            unsafe {
+                let p = MklAllocator.alloc(big);
+                assert!(!p.is_null());
+                p.write(1);
+                p
+            }
+        })
+        .collect();
+    for p in blocks {
+        // SAFETY: live blocks of `big`, freed once.
+        unsafe { MklAllocator.dealloc(p, big) };
+    }
+    assert!(
+        medium().1 >= 200 * MIB as u64,
+        "the budget is full of dirty blocks"
+    );
+    let t = Layout::from_size_align(64 * MIB, 64).unwrap();
+    // SAFETY: a non-zero layout, freed once.
+    unsafe {
+        let p = MklAllocator.alloc(t);
+        assert!(!p.is_null());
+        p.write(1);
+        MklAllocator.dealloc(p, t);
+    }
+    assert!(
+        manager::stats().cached_bytes >= 64 * MIB as u64,
+        "the temporary was not cached: {:?}",
+        manager::stats()
+    );
+}
+
 /// A block grown from below 4 KiB, as `Vec::push` grows one (doubling
 /// from a few bytes), becomes medium once it reaches a medium size: MKL
 /// serves the small sizes from the C runtime beneath the hooks, and its

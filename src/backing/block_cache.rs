@@ -653,7 +653,16 @@ mod instance {
         // (see `backing::slack`): one word holds both. Checked here before
         // the `MADV_FREE` below; `CACHE.give` reserves by compare-and-swap.
         if size > CACHE.budget().saturating_sub(CACHE.bytes()) {
-            return false;
+            // Dirty medium blocks (counted at their classes' sizes, most of
+            // whose pages may never have been touched) never keep a big
+            // temporary out: the oldest are given back to make room.
+            let short = size - CACHE.budget().saturating_sub(CACHE.bytes());
+            if size > CACHE.budget() || !medium::any_dirty() || medium::trim(short) < short {
+                return false;
+            }
+            if size > CACHE.budget().saturating_sub(CACHE.bytes()) {
+                return false;
+            }
         }
         // Marked unless it is small and the unmarked chunks, with it, stay
         // within UNMARKED_MAX: what an idle process leaves resident.

@@ -700,6 +700,18 @@ mod instance {
         NEXT_SWEEP.store(0, Relaxed);
     }
 
+    /// Gives back dirty blocks, the oldest of each class first, until at
+    /// least `bytes` of budget are freed (or none is left); returns the
+    /// bytes freed. For the block cache, whose budget they share: a big
+    /// temporary is worth more than dirty blocks whose pages may never
+    /// have been touched.
+    pub(crate) fn trim(bytes: usize) -> usize {
+        slots::sweep(crate::sys::now_ms());
+        let before = HEAP.figures().1;
+        HEAP.decay_limited(crate::sys::now_ms(), None, bytes, &Global);
+        before.saturating_sub(HEAP.figures().1)
+    }
+
     /// Gives back every dirty block (`manager::free_buffers`,
     /// `block_cache::empty` and `disable`, a budget lowered below what is
     /// held).

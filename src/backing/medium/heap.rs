@@ -838,9 +838,22 @@ impl Heap {
     /// take the batch (and its clean neighbours) off the lists and to put
     /// them on the clean list; the pages go back between, without it.
     pub fn decay(&self, now: usize, older_than: Option<u32>, env: &impl Env) -> usize {
+        self.decay_limited(now, older_than, usize::MAX, env)
+    }
+
+    /// [`decay`](Self::decay), stopping once the blocks given back hold at
+    /// least `limit` bytes.
+    pub fn decay_limited(
+        &self,
+        now: usize,
+        older_than: Option<u32>,
+        limit: usize,
+        env: &impl Env,
+    ) -> usize {
         let mut total = 0;
+        let mut bytes = 0;
         for (k, c) in self.classes.iter().enumerate() {
-            if c.dirty.load(Relaxed) == 0 {
+            if c.dirty.load(Relaxed) == 0 || bytes >= limit {
                 continue;
             }
             let size = class::size(k);
@@ -886,7 +899,8 @@ impl Heap {
                 unsafe { self.give_back(c, size, &mut flight[..m], n, env) };
                 env.unreserve(n * size);
                 total += n;
-                if n < BATCH {
+                bytes += n * size;
+                if n < BATCH || bytes >= limit {
                     break;
                 }
             }
