@@ -740,6 +740,8 @@ fn timing() {
 #[cfg_attr(not(target_os = "linux"), ignore = "fork")]
 fn a_fork_while_blocks_decay_finds_the_classes_unlocked() {
     run_alone("fork_child", &[]);
+    // With the background thread decaying too (its sweeps are purges).
+    run_alone("fork_child", &[("MKL_ALLOC_BACKGROUND", "on")]);
 }
 
 #[test]
@@ -751,6 +753,10 @@ fn fork_child() {
         return;
     }
     block_cache::enable(256 * MIB);
+    if mkl_alloc::background::is_running() {
+        // Its sweeps every 5 ms: purges beside the churn's own.
+        block_cache::set_decay_ms(20);
+    }
     static STOP: AtomicBool = AtomicBool::new(false);
     manager::free_buffers();
     let slack = manager::stats().slack_bytes;
