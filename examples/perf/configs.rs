@@ -191,6 +191,7 @@ fn record_policy(t: &mut Table, who: Who) {
         Env::Defaults => json!({}),
         Env::AllOff => json!({"MKL_ALLOC_BLOCK_CACHE": "off", "MKL_ALLOC_HUGE_PAGES": "off"}),
         Env::BackingOff => json!({"MKL_ALLOC_BACKING": "off"}),
+        Env::MediumOff => json!({"MKL_ALLOC_MEDIUM": "off"}),
     };
     t.configurations.insert(
         who.name().to_string(),

@@ -177,6 +177,9 @@ pub enum Env {
     /// `MKL_ALLOC_BACKING=off`, nothing else: MKL's memory pointers left
     /// alone (MKL on glibc).
     BackingOff,
+    /// `MKL_ALLOC_MEDIUM=off`, nothing else: blocks below 1 MiB on the C
+    /// runtime beneath MKL.
+    MediumOff,
 }
 
 /// Sets `cmd`'s environment to `env`: every `MKL_ALLOC_*` variable of
@@ -195,6 +198,9 @@ pub fn apply_env(cmd: &mut Command, env: Env) {
         }
         Env::BackingOff => {
             cmd.env("MKL_ALLOC_BACKING", "off");
+        }
+        Env::MediumOff => {
+            cmd.env("MKL_ALLOC_MEDIUM", "off");
         }
     }
 }

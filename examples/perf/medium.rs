@@ -459,43 +459,29 @@ fn retention<G: GlobalAlloc>(g: &G, sizes: &str, mib: usize, after: After) -> St
     )
 }
 
+/// `perf --child <args…>` with the defaults, or with medium blocks off.
+fn medium_child(args: &[&str], medium_off: bool) -> Vec<(String, f64)> {
+    let env = if medium_off {
+        Env::MediumOff
+    } else {
+        Env::Defaults
+    };
+    crate::harness::child(env, &args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+}
+
 /// The block sizes of the footprint rows.
 const FOOTPRINT: [usize; 4] = [4096, 4097, 8192, 16384];
-
-/// The footprint rows' competitors: name, the child's allocator, and
-/// whether medium blocks are off (`MKL_ALLOC_MEDIUM=off`).
-const FOOTPRINT_WHO: [(&str, &str, bool); 6] = [
-    ("System", "system", false),
-    ("jemalloc", "jemalloc", false),
-    ("mimalloc", "mimalloc", false),
-    ("MklAllocator", "mkl", false),
-    ("MklSplitAllocator", "split", false),
-    ("MklAllocator, MKL_ALLOC_MEDIUM=off", "mkl", true),
-];
 
 /// Live footprint (issue 54): for each size, every competitor in a child
 /// of its own, interleaved over 3 rounds.
 pub fn footprint_group(t: &mut Table) {
     const ROUNDS: usize = 3;
     for size in FOOTPRINT {
-        let mut series: Vec<Series> = FOOTPRINT_WHO.iter().map(|w| Series::new(w.0)).collect();
+        let mut series: Vec<Series> = WHO[..6].iter().map(|w| Series::new(w.0)).collect();
         for r in 0..ROUNDS {
-            for i in order(FOOTPRINT_WHO.len(), r) {
-                let (name, arg, off) = FOOTPRINT_WHO[i];
-                let mut cmd = Command::new(own_exe());
-                cmd.args(["--child", "footprint", arg])
-                    .arg(size.to_string());
-                apply_env(&mut cmd, Env::Defaults);
-                if off {
-                    cmd.env("MKL_ALLOC_MEDIUM", "off");
-                }
-                let out = cmd.output().expect("run a perf footprint child");
-                assert!(
-                    out.status.success(),
-                    "footprint child {name} {size} failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
+            for i in order(6, r) {
+                let (_, arg, off) = WHO[i];
+                let f = medium_child(&["footprint", arg, &size.to_string()], off);
                 series[i].values.push(field(&f, "ratio"));
             }
         }
@@ -566,9 +552,9 @@ fn footprint<G: GlobalAlloc>(g: &G, size: usize) -> f64 {
     grown * (1 << 20) as f64 / (n * size) as f64
 }
 
-/// The same-size churn's competitors: name, the child's allocator, and
-/// whether medium blocks are off.
-const SAME_SIZE_WHO: [(&str, &str, bool); 7] = [
+/// The competitors of the footprint (the first six) and same-size rows:
+/// name, the child's allocator, and whether medium blocks are off.
+const WHO: [(&str, &str, bool); 7] = [
     ("System", "system", false),
     ("jemalloc", "jemalloc", false),
     ("mimalloc", "mimalloc", false),
@@ -584,25 +570,12 @@ pub fn same_size_group(t: &mut Table) {
     const ROUNDS: usize = 5;
     for size in [4 << 10, 48 << 10, 256 << 10] {
         for threads in [1usize, 2, 8] {
-            let mut series: Vec<Series> = SAME_SIZE_WHO.iter().map(|w| Series::new(w.0)).collect();
+            let mut series: Vec<Series> = WHO.iter().map(|w| Series::new(w.0)).collect();
             for r in 0..ROUNDS {
-                for i in order(SAME_SIZE_WHO.len(), r) {
-                    let (name, arg, off) = SAME_SIZE_WHO[i];
-                    let mut cmd = Command::new(own_exe());
-                    cmd.args(["--child", "same-size", arg])
-                        .arg(size.to_string())
-                        .arg(threads.to_string());
-                    apply_env(&mut cmd, Env::Defaults);
-                    if off {
-                        cmd.env("MKL_ALLOC_MEDIUM", "off");
-                    }
-                    let out = cmd.output().expect("run a perf same-size child");
-                    assert!(
-                        out.status.success(),
-                        "same-size child {name} {size} {threads} failed: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    let f = parse_fields(&String::from_utf8_lossy(&out.stdout));
+                for i in order(WHO.len(), r) {
+                    let (_, arg, off) = WHO[i];
+                    let args = ["same-size", arg, &size.to_string(), &threads.to_string()];
+                    let f = medium_child(&args, off);
                     series[i].values.push(field(&f, "ns"));
                 }
             }

@@ -76,38 +76,25 @@ impl SpinLock {
     /// Takes the lock; the guard releases it.
     #[inline(always)]
     pub(crate) fn lock(&self) -> Guard<'_> {
-        #[cfg(not(loom))]
-        HOLDS.set(core::ptr::from_ref(self).addr());
-        if self
-            .word
-            .compare_exchange_weak(0, 1, Acquire, Relaxed)
-            .is_err()
-        {
-            self.lock_slow();
-        }
-        Guard { lock: self }
+        self.take(Role::Class)
     }
 
     /// Takes the lock as the outer one (see the module docs); the guard
     /// releases it.
-    pub(crate) fn lock_outer(&self) -> OuterGuard<'_> {
-        #[cfg(not(loom))]
-        OUTER.set(core::ptr::from_ref(self).addr());
-        if self
-            .word
-            .compare_exchange_weak(0, 1, Acquire, Relaxed)
-            .is_err()
-        {
-            self.lock_slow();
-        }
-        OuterGuard { lock: self }
+    pub(crate) fn lock_outer(&self) -> Guard<'_> {
+        self.take(Role::Outer)
     }
 
     /// Takes the lock as the innermost one (taken inside a class's lock,
     /// recorded apart from it); the guard releases it.
-    pub(crate) fn lock_inner(&self) -> InnerGuard<'_> {
+    pub(crate) fn lock_inner(&self) -> Guard<'_> {
+        self.take(Role::Inner)
+    }
+
+    #[inline(always)]
+    fn take(&self, role: Role) -> Guard<'_> {
         #[cfg(not(loom))]
-        INNER.set(core::ptr::from_ref(self).addr());
+        role.mark(core::ptr::from_ref(self).addr());
         if self
             .word
             .compare_exchange_weak(0, 1, Acquire, Relaxed)
@@ -115,7 +102,7 @@ impl SpinLock {
         {
             self.lock_slow();
         }
-        InnerGuard { lock: self }
+        Guard { lock: self, role }
     }
 
     #[cold]
@@ -182,9 +169,36 @@ fn pause(spins: u32) {
     }
 }
 
+/// Which thread-local word records a lock this thread takes or holds
+/// (see the module docs).
+#[derive(Clone, Copy)]
+enum Role {
+    /// A class's lock (`HOLDS`).
+    Class,
+    /// The heap's outer lock (`OUTER`).
+    Outer,
+    /// The span pool's lock, inside a class's (`INNER`).
+    Inner,
+}
+
+impl Role {
+    /// Records `addr` (0: none) in this role's word.
+    #[cfg(not(loom))]
+    #[inline(always)]
+    fn mark(self, addr: usize) {
+        match self {
+            Role::Class => HOLDS.set(addr),
+            Role::Outer => OUTER.set(addr),
+            Role::Inner => INNER.set(addr),
+        }
+    }
+}
+
 /// A held [`SpinLock`]; dropping it releases the lock.
 pub(crate) struct Guard<'a> {
     lock: &'a SpinLock,
+    #[cfg_attr(loom, allow(dead_code))]
+    role: Role,
 }
 
 impl Drop for Guard<'_> {
@@ -192,32 +206,6 @@ impl Drop for Guard<'_> {
     fn drop(&mut self) {
         self.lock.word.store(0, Release);
         #[cfg(not(loom))]
-        HOLDS.set(0);
-    }
-}
-
-/// A [`SpinLock`] held as the outer one; dropping it releases the lock.
-pub(crate) struct OuterGuard<'a> {
-    lock: &'a SpinLock,
-}
-
-impl Drop for OuterGuard<'_> {
-    fn drop(&mut self) {
-        self.lock.word.store(0, Release);
-        #[cfg(not(loom))]
-        OUTER.set(0);
-    }
-}
-
-/// A [`SpinLock`] held as the innermost one; dropping it releases the lock.
-pub(crate) struct InnerGuard<'a> {
-    lock: &'a SpinLock,
-}
-
-impl Drop for InnerGuard<'_> {
-    fn drop(&mut self) {
-        self.lock.word.store(0, Release);
-        #[cfg(not(loom))]
-        INNER.set(0);
+        self.role.mark(0);
     }
 }
