@@ -622,7 +622,7 @@ mod instance {
     #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn lock_for_fork() {
         CACHE.lock_for_fork();
-        // After the shards: the medium classes' locks (innermost).
+        // After the shards: the medium heap's locks (outermost first).
         medium::lock_for_fork();
     }
 

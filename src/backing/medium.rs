@@ -28,8 +28,8 @@
 //! 4 KiB array is resident at 4 KiB + 128 B, and a block's pages past
 //! what its owner touches never become resident; a page two blocks share
 //! is given back once both are free). Each class has a lock
-//! (`lock`: a spin lock, innermost: no other lock and no system call
-//! while it is held), a list of dirty blocks (freed, resident, reused
+//! (`lock`: a spin lock; while it is held no system call is made and only
+//! the span pool's lock is taken), a list of dirty blocks (freed, resident, reused
 //! newest first, each with the time it was freed), a list of clean ones
 //! (given back: they read as zero, so a zeroed request taking one writes
 //! nothing) and the bump range of its span. Metadata lives outside the

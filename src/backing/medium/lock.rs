@@ -1,8 +1,10 @@
-//! The class lock: a word, taken by compare-and-swap, waited for by
-//! spinning and then yielding the processor. It is innermost: while it is
-//! held nothing else is locked and no system call is made, so every hold
-//! is a few list operations long, and a waiter that yields (it may be
-//! waiting for a thread the scheduler preempted) loses little.
+//! The medium heap's spin lock: a word, taken by compare-and-swap, waited
+//! for by spinning and then yielding the processor. A class's lock is
+//! held for a few list operations: inside it only the span pool's lock is
+//! taken (for a span), and no system call is made, so a waiter that
+//! yields (it may be waiting for a thread the scheduler preempted) loses
+//! little. The heap's outer lock (growth, decay batches) is held across
+//! system calls and taken only outside the others.
 //!
 //! Outside loom, a thread records the lock it is taking or holding in a
 //! thread-local word (`HOLDS`), so that a `fork` from a signal handler
