@@ -1,6 +1,6 @@
 //! Size policies read from the environment (`MKL_ALLOC_HUGE_PAGES`,
 //! `MKL_ALLOC_BLOCK_CACHE`): unset (the default), `off`, `on` or a byte
-//! count, and the switch `MKL_ALLOC_BACKING` (`off` or `on`), read once (`sys::env_var`: libc's `getenv`, or
+//! count (`268435456`, `256M`, `256MiB`), and the switch `MKL_ALLOC_BACKING` (`off` or `on`), read once (`sys::env_var`: libc's `getenv`, or
 //! `GetEnvironmentVariableW` on Windows). The readers run inside the global
 //! allocator, so nothing here allocates: a byte parser, and one raw write
 //! to stderr for the warning.
@@ -9,8 +9,11 @@ use core::ffi::CStr;
 use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// Parses a policy value: `Ok(None)` for off (`off`, `0`), `Ok(Some(on))`
-/// for `on` (any case) and for an empty value, `Ok(Some(n))` for a decimal
-/// byte count `n > 0`, `Err(())` for anything else.
+/// for `on` (any case) and for an empty value, `Ok(Some(n))` for a byte
+/// count `n > 0`: decimal digits, optionally followed by a binary unit,
+/// `K`, `M`, `G` or `T` (any case, `KiB`, `MiB`, `GiB`, `TiB` too: 2^10,
+/// 2^20, 2^30, 2^40 bytes); `Err(())` for anything else (`KB` included,
+/// which some read as 1000).
 pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
     if v.is_empty() || v.eq_ignore_ascii_case(b"on") {
         return Ok(Some(on));
@@ -18,17 +21,40 @@ pub(crate) fn parse(v: &[u8], on: usize) -> Result<Option<usize>, ()> {
     if v.eq_ignore_ascii_case(b"off") {
         return Ok(None);
     }
+    let digits = v.iter().take_while(|c| c.is_ascii_digit()).count();
+    let (number, unit) = v.split_at(digits);
+    if number.is_empty() {
+        return Err(());
+    }
+    let shift = unit_shift(unit).ok_or(())?;
     let mut n: usize = 0;
-    for &c in v {
-        if !c.is_ascii_digit() {
-            return Err(());
-        }
+    for &c in number {
         n = n
             .checked_mul(10)
             .and_then(|n| n.checked_add(usize::from(c - b'0')))
             .ok_or(())?;
     }
+    if n.leading_zeros() < shift {
+        return Err(()); // more bytes than a usize holds
+    }
+    n <<= shift;
     Ok(if n == 0 { None } else { Some(n) })
+}
+
+/// The shift of a byte count's unit (none: 0), any case; `None` if it is
+/// not one.
+fn unit_shift(unit: &[u8]) -> Option<u32> {
+    let Some((&letter, rest)) = unit.split_first() else {
+        return Some(0);
+    };
+    let shift = match letter.to_ascii_uppercase() {
+        b'K' => 10,
+        b'M' => 20,
+        b'G' => 30,
+        b'T' => 40,
+        _ => return None,
+    };
+    (rest.is_empty() || rest.eq_ignore_ascii_case(b"ib")).then_some(shift)
 }
 
 /// Reads and parses the variable `name`: unset or empty is the default,
@@ -153,7 +179,23 @@ mod tests {
         assert_eq!(parse(b"On", ON), Ok(Some(ON)));
         assert_eq!(parse(b"67108864", ON), Ok(Some(64 << 20)));
         assert_eq!(parse(b"1", ON), Ok(Some(1)));
-        assert_eq!(parse(b"2M", ON), Err(()));
+        assert_eq!(parse(b"2M", ON), Ok(Some(2 << 20)));
+        assert_eq!(parse(b"256m", ON), Ok(Some(256 << 20)));
+        assert_eq!(parse(b"64K", ON), Ok(Some(64 << 10)));
+        assert_eq!(parse(b"1GiB", ON), Ok(Some(1 << 30)));
+        assert_eq!(parse(b"1gib", ON), Ok(Some(1 << 30)));
+        assert_eq!(parse(b"3MiB", ON), Ok(Some(3 << 20)));
+        assert_eq!(parse(b"0M", ON), Ok(None));
+        assert_eq!(parse(b"M", ON), Err(()));
+        assert_eq!(parse(b"2MB", ON), Err(()));
+        assert_eq!(parse(b"2 M", ON), Err(()));
+        assert_eq!(parse(b"2Mi", ON), Err(()));
+        assert_eq!(parse(b"2X", ON), Err(()));
+        assert_eq!(parse(b"1.5G", ON), Err(()));
+        if usize::BITS == 64 {
+            assert_eq!(parse(b"16777215T", ON), Ok(Some(16777215 << 40)));
+            assert_eq!(parse(b"16777216T", ON), Err(()));
+        }
         assert_eq!(parse(b"-1", ON), Err(()));
         assert_eq!(parse(b" on", ON), Err(()));
         assert_eq!(parse(b"99999999999999999999999", ON), Err(()));

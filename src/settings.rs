@@ -57,7 +57,7 @@ pub enum SizeValueError {
     Negative,
     /// More bytes than a `usize` holds.
     TooLarge,
-    /// Neither `off`, `on` nor decimal digits (`2M`, `yes`, ` on`).
+    /// Neither `off`, `on` nor a byte count (`2MB`, `1.5G`, `yes`, ` on`).
     NotASize,
 }
 
@@ -72,9 +72,10 @@ impl fmt::Display for SizeValueError {
                     usize::MAX
                 )
             }
-            SizeValueError::NotASize => {
-                f.write_str("the value is not off, on or a byte count (decimal digits, no unit)")
-            }
+            SizeValueError::NotASize => f.write_str(
+                "the value is not off, on or a byte count (decimal digits, \
+                     optionally with K, M, G or T, or KiB, MiB, GiB or TiB: powers of 1024)",
+            ),
         }
     }
 }
@@ -83,8 +84,10 @@ impl std::error::Error for SizeValueError {}
 
 /// Reads `value` as the crate reads `MKL_ALLOC_BLOCK_CACHE` and
 /// `MKL_ALLOC_HUGE_PAGES`: empty or `on` (any case) is `Some(on)`, `off`
-/// (any case) or `0` is `None` (off), decimal digits are a byte count; the
-/// error says why anything else is refused (the environment's reader keeps
+/// (any case) or `0` is `None` (off), decimal digits are a byte count,
+/// optionally followed by a binary unit (`K`, `M`, `G`, `T` or `KiB`,
+/// `MiB`, `GiB`, `TiB`, any case: `256M` is 256 MiB); the error says why
+/// anything else is refused (the environment's reader keeps
 /// the default there instead, with a line on stderr).
 ///
 /// ```
@@ -95,14 +98,21 @@ impl std::error::Error for SizeValueError {}
 /// assert_eq!(manager::parse_size("off", on), Ok(None));
 /// assert_eq!(manager::parse_size("0", on), Ok(None));
 /// assert_eq!(manager::parse_size("268435456", on), Ok(Some(256 << 20)));
-/// assert!(manager::parse_size("256M", on).is_err());
+/// assert_eq!(manager::parse_size("256M", on), Ok(Some(256 << 20)));
+/// assert_eq!(manager::parse_size("1GiB", on), Ok(Some(1 << 30)));
+/// assert!(manager::parse_size("256MB", on).is_err());
 /// ```
 pub fn parse_size(value: &str, on: usize) -> Result<Option<usize>, SizeValueError> {
     crate::env::parse(value.as_bytes(), on).map_err(|()| {
-        let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+        // A count the parser refused although it has the right shape
+        // (digits and a known unit, or none) is too large.
+        let count = |s: &str| {
+            let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+            digits > 0 && crate::env::parse(format!("1{}", &s[digits..]).as_bytes(), 1).is_ok()
+        };
         match value.strip_prefix('-') {
-            Some(rest) if digits(rest) => SizeValueError::Negative,
-            _ if digits(value) => SizeValueError::TooLarge,
+            Some(rest) if count(rest) => SizeValueError::Negative,
+            _ if count(value) => SizeValueError::TooLarge,
             _ => SizeValueError::NotASize,
         }
     })

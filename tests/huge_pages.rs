@@ -203,7 +203,9 @@ fn env_variable_is_read_once_per_process() {
     run_child(Some("on"), on);
     run_child(Some("ON"), on);
     run_child(Some("12582912"), Some(12 * MIB));
-    for bad in ["2M", "yes", "-5"] {
+    run_child(Some("12M"), Some(12 * MIB));
+    run_child(Some("12MiB"), Some(12 * MIB));
+    for bad in ["2MB", "yes", "-5"] {
         // A typo keeps the default, with a warning.
         let err = run_child(Some(bad), on);
         assert!(

@@ -406,10 +406,15 @@ fn parse_size_says_why_it_refuses() {
     assert_eq!(manager::parse_size("on", 7), Ok(Some(7)));
     assert_eq!(manager::parse_size("Off", 7), Ok(None));
     assert_eq!(manager::parse_size("4096", 7), Ok(Some(4096)));
+    assert_eq!(manager::parse_size("256M", 7), Ok(Some(256 << 20)));
+    assert_eq!(manager::parse_size("1GiB", 7), Ok(Some(1 << 30)));
     for (value, why) in [
         ("-1", manager::SizeValueError::Negative),
+        ("-2M", manager::SizeValueError::Negative),
         ("99999999999999999999999", manager::SizeValueError::TooLarge),
-        ("2M", manager::SizeValueError::NotASize),
+        ("99999999999999999999G", manager::SizeValueError::TooLarge),
+        ("2MB", manager::SizeValueError::NotASize),
+        ("1.5G", manager::SizeValueError::NotASize),
         ("-", manager::SizeValueError::NotASize),
     ] {
         assert_eq!(manager::parse_size(value, 7), Err(why), "{value}");

@@ -535,18 +535,27 @@ _INTERFACE_LAYERS = {0: "LP64", 1: "ILP64", 2: "GNU LP64", 3: "GNU ILP64"}
 _THREADING_LAYERS = {0: "intel", 1: "sequential", 2: "pgi", 3: "gnu", 4: "tbb"}
 
 
+_SIZE_UNITS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "kib": 10, "mib": 20, "gib": 30, "tib": 40}
+
+
 def _parse_env_size(value: str | None, on: int) -> int | None:
     """A size setting as the crate parses it (``src/env.rs``): unset,
     empty or ``on`` (any case) is ``on``, ``off`` or ``0`` is None (off), a
-    decimal byte count is itself; anything else raises ValueError (the crate
-    then keeps the default, with a line on stderr)."""
+    decimal byte count, optionally with a binary unit (``K``, ``M``, ``G``,
+    ``T`` or ``KiB``, ``MiB``, ``GiB``, ``TiB``, any case: ``256M`` is 256
+    MiB), is itself; anything else raises ValueError (the crate then keeps
+    the default, with a line on stderr)."""
     if value is None or value == "" or value.lower() == "on":
         return on
     if value.lower() == "off":
         return None
-    if not (value.isascii() and value.isdigit()):
+    digits = len(value) - len(value.lstrip("0123456789"))
+    unit = value[digits:].lower()
+    if digits == 0 or not value.isascii() or unit not in _SIZE_UNITS:
         raise ValueError(value)
-    n = int(value)
+    n = int(value[:digits]) << _SIZE_UNITS[unit]
+    if n >= 2**64:
+        raise ValueError(value)
     return n if n > 0 else None
 
 

@@ -60,6 +60,11 @@ def test_budget_off_keeps_no_freed_array_and_256_mib_keeps_it():
     assert freed_array_cached_bytes() >= 8 * MiB
     mkl_alloc.configure(block_cache=0)  # 0 is off, as MKL_ALLOC_BLOCK_CACHE=0
     assert mkl_alloc.settings().block_cache is None
+    mkl_alloc.configure(block_cache="256M")  # a unit, as MKL_ALLOC_BLOCK_CACHE=256M
+    assert mkl_alloc.settings().block_cache == 256 * MiB
+    mkl_alloc.configure(block_cache="1GiB")
+    assert mkl_alloc.settings().block_cache == 1024 * MiB
+    mkl_alloc.configure(block_cache="off")
     assert mkl_alloc.mem_stat().cached_bytes == 0  # turning it off unmaps what it held
     assert freed_array_cached_bytes() == 0
 
@@ -162,7 +167,8 @@ def test_decay_takes_effect():
         ({"block_cache": -(2**70)}, ValueError, "a byte count cannot be negative"),
         ({"block_cache": "-5"}, ValueError, "a byte count cannot be negative"),
         ({"block_cache": "lots"}, ValueError, "not off, on or a byte count"),
-        ({"block_cache": "256M"}, ValueError, "not off, on or a byte count"),
+        ({"block_cache": "256MB"}, ValueError, "not off, on or a byte count"),
+        ({"block_cache": "1.5G"}, ValueError, "not off, on or a byte count"),
         ({"block_cache": " on"}, ValueError, "not off, on or a byte count"),
         ({"block_cache": 2**64}, ValueError, "at most 18446744073709551615"),
         ({"block_cache": "99999999999999999999999"}, ValueError, "at most 18446744073709551615"),
@@ -244,6 +250,17 @@ def test_source_becomes_the_program_after_configure_even_for_the_same_value():
     assert out["unchanged"]
     assert "block cache budget" in out["text"]
     assert out["text"].count("[set by the program]") == 3
+
+
+def test_a_size_with_a_unit_in_the_environment_is_understood():
+    # The crate takes 64M as 64 MiB, and the report says so (the value in
+    # force equals what the variable says: its source is the environment).
+    out = run_sources(MKL_ALLOC_BLOCK_CACHE="64M", MKL_ALLOC_HUGE_PAGES="8MiB")
+    assert out["before"] == [
+        "environment (MKL_ALLOC_BLOCK_CACHE='64M')",
+        "default",
+        "environment (MKL_ALLOC_HUGE_PAGES='8MiB')",
+    ]
 
 
 def test_source_from_the_environment_then_the_program():

@@ -475,7 +475,7 @@ mod instance {
     /// the budget it asks for.
     fn read_env() -> usize {
         const WARNING: &[u8] =
-            b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count; the cache keeps its default (on)\n";
+            b"mkl-alloc: MKL_ALLOC_BLOCK_CACHE must be off, on or a byte count (268435456, 256M, 256MiB); the cache keeps its default (on)\n";
         match crate::env::read(ENV, default_budget(), WARNING) {
             Some(budget) => {
                 CACHE.set_budget(budget, free_to_mkl);

@@ -389,7 +389,7 @@ pub fn unavailable_reason() -> Option<Reason> {
 /// Reads `MKL_ALLOC_HUGE_PAGES` (once, without allocating: see `env`).
 fn read_env() -> usize {
     const WARNING: &[u8] =
-        b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count; huge pages keep their default (4 MiB)\n";
+        b"mkl-alloc: MKL_ALLOC_HUGE_PAGES must be off, on or a byte count (4194304, 4M, 4MiB); huge pages keep their default (4 MiB)\n";
     let mut buf = crate::sys::EnvBuf::new();
     let value = crate::sys::env_var(ENV, &mut buf);
     let (policy, from) = match crate::env::parse(value, DEFAULT_THRESHOLD) {
