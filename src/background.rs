@@ -68,9 +68,10 @@ use core::sync::atomic::{
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// The thread exists in this process and decays: small frees skip the
-/// decay countdown while it is set.
-static RUNNING: AtomicBool = AtomicBool::new(false);
+/// The thread exists in this process and decays (a word beneath MKL,
+/// `backing::signals`, which the stores read): small frees skip the decay
+/// countdown while it is set.
+use crate::backing::signals::{driven as running, set_driven as set_running};
 
 /// The program asked for the thread ([`start`], `MKL_ALLOC_BACKGROUND=on`)
 /// and has not [`stop`]ped it since. Survives `fork`: a child whose parent
@@ -185,7 +186,7 @@ pub fn stop() {
     let _guard = Control::lock();
     WANTED.store(false, Relaxed);
     // The small frees' countdown first: the thread may leave only after.
-    RUNNING.store(false, Relaxed);
+    set_running(false);
     // SAFETY: under CONTROL.
     let Some((handle, generation)) = (unsafe { (*HANDLE.0.get()).take() }) else {
         return;
@@ -213,14 +214,7 @@ pub fn stop() {
 /// assert!(!mkl_alloc::background::is_running()); // off by default in Rust
 /// ```
 pub fn is_running() -> bool {
-    RUNNING.load(Relaxed)
-}
-
-/// Whether the thread serves this process: the small frees' decay check
-/// (`block_cache::tick_due`) is skipped then. One relaxed load.
-#[inline(always)]
-pub(crate) fn serving() -> bool {
-    RUNNING.load(Relaxed)
+    running()
 }
 
 /// Where the setting came from (`SOURCE_*`).
@@ -234,7 +228,7 @@ pub(crate) fn source() -> u8 {
 #[cold]
 #[inline(never)]
 pub(crate) fn resume() {
-    if WANTED.load(Relaxed) && !RUNNING.load(Relaxed) {
+    if WANTED.load(Relaxed) && !running() {
         if let Some(_guard) = Control::try_lock() {
             let _ = spawn_locked();
         }
@@ -285,7 +279,7 @@ pub(crate) fn env_setting() -> Option<bool> {
 /// Spawns the thread unless it runs. The caller holds `CONTROL`.
 fn spawn_locked() -> Result<(), StartError> {
     WANTED.store(true, Relaxed);
-    if RUNNING.load(Relaxed) {
+    if running() {
         return Ok(());
     }
     // SAFETY: under CONTROL.
@@ -312,7 +306,7 @@ fn spawn_locked() -> Result<(), StartError> {
     {
         Ok(handle) => {
             *slot = Some((handle, GENERATION.load(Relaxed)));
-            RUNNING.store(true, Relaxed);
+            set_running(true);
             Ok(())
         }
         Err(cause) => {
@@ -351,7 +345,7 @@ fn run() {
 #[cfg_attr(any(loom, miri, not(target_os = "linux")), allow(dead_code))]
 pub(crate) fn after_fork_in_child() {
     GENERATION.fetch_add(1, Relaxed);
-    RUNNING.store(false, Relaxed);
+    set_running(false);
     STOP.store(false, Relaxed);
     let owner = CONTROL.load(Relaxed);
     if owner != 0 && owner != token() {
@@ -401,17 +395,16 @@ impl Drop for Control {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::RUNNING;
+    use super::set_running;
     use crate::block_cache::{TICKS, tick_due};
-    use core::sync::atomic::Ordering::Relaxed;
 
     /// While the thread serves the process, a small free's decay check is
     /// never due (no countdown); without it, the `TICKS`th is.
     #[test]
     fn small_frees_skip_the_decay_countdown_while_the_thread_serves() {
-        RUNNING.store(true, Relaxed);
+        set_running(true);
         let due = (0..3 * TICKS).filter(|_| tick_due()).count();
-        RUNNING.store(false, Relaxed);
+        set_running(false);
         assert_eq!(due, 0, "the countdown ran while the thread served");
         let due = (0..3 * TICKS).filter(|_| tick_due()).count();
         // The countdown restarts only at the decay (`idle_decay`), not

@@ -3,8 +3,9 @@
 //! allocation, or at [`manager::init`](crate::manager::init)), and the
 //! `fork` handlers.
 //!
-//! **The word.** Every allocation compares its size with one relaxed word,
-//! [`SLOW`]: below it (small blocks, the common case) the call goes
+//! **The word.** Every allocation compares its size with one relaxed word
+//! ([`slow`]; the word lives beneath MKL in `backing::signals`, where the
+//! medium heap's let-go flag zeroes it too): below it (small blocks, the common case) the call goes
 //! straight to MKL; at or above it the allocator above MKL has work of its
 //! own (lazy zeroing, huge-page advice the NumPy handler asks for). The
 //! word is 0 until the setup has run, so the first call of the process
@@ -55,35 +56,21 @@
 //! like, from other threads) are not covered: docs/reliability.md says what
 //! that means for a child.
 
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 #[cfg(not(loom))]
 use crate::backing::block_cache;
-use crate::backing::{self, huge_pages};
+use crate::backing::{self, huge_pages, signals};
 use crate::fork_guard;
 
-/// Sizes at or above this take the slow path (0 until the setup has run).
-static SLOW: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether the setup has run (policy changes then refresh [`SLOW`]).
+/// Whether the setup has run.
 static READY: AtomicBool = AtomicBool::new(false);
 
 /// Whether a call for `size` bytes must consult the policies: one relaxed
 /// load and a comparison.
 #[inline(always)]
 pub(crate) fn slow(size: usize) -> bool {
-    size >= SLOW.load(Relaxed)
-}
-
-/// Every allocation takes the slow path while `on` (the word at 0), else
-/// the word is back at its value: for the medium heap's flag of a program
-/// that let go of its work (`backing::medium`), whose check thus costs the
-/// fast path nothing. Before the setup the word stays 0.
-#[cfg_attr(loom, allow(dead_code))] // loom's medium heap is its model's own
-pub(crate) fn all_slow(on: bool) {
-    if READY.load(Relaxed) {
-        SLOW.store(if on { 0 } else { THRESHOLD }, Relaxed);
-    }
+    signals::slow(size)
 }
 
 /// Runs the setup if it has not run (the first slow call of the process).
@@ -158,7 +145,7 @@ pub(crate) fn setup() {
     resolve_mkl_entries();
     fork_guard::find_mkl_locks();
     READY.store(true, Relaxed);
-    SLOW.store(THRESHOLD, Relaxed);
+    signals::open(THRESHOLD);
     // Last, once the allocation path is ready (starting the thread
     // allocates, re-entering it): `MKL_ALLOC_BACKGROUND=on` starts the
     // background decay thread. Never inside a hook: the setup runs at load,

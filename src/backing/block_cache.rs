@@ -583,7 +583,7 @@ mod instance {
     /// relaxed load.
     #[inline(always)]
     pub(crate) fn tick_due() -> bool {
-        if crate::background::serving() {
+        if crate::backing::signals::driven() {
             return false;
         }
         COUNTDOWN.with(|c| {

@@ -76,7 +76,7 @@
 //! always did. Otherwise the check costs the split's small allocation a
 //! relaxed load (in an out-of-line call that tail-calls the small side)
 //! and `MklAllocator`'s nothing: the flag zeroes the word its every call
-//! already compares with (`process::all_slow`), so that its allocations
+//! already compares with (`signals::all_slow`), so that its allocations
 //! take the slow path, which checks. With the thread, nothing is flagged:
 //! the thread decays by the clock.
 //!
@@ -592,7 +592,7 @@ mod instance {
         if k < SLOT_CLASSES && slots::put(k, p) {
             return;
         }
-        if !crate::background::serving() {
+        if !crate::backing::signals::driven() {
             // SAFETY: the caller's contract: a live medium block.
             count_free(unsafe { block_size(p) });
         }
@@ -612,12 +612,12 @@ mod instance {
     }
 
     /// Sets or clears the flag, and with it the allocation path's word
-    /// (`process::all_slow`): while it is set every `MklAllocator`
+    /// (`signals::all_slow`): while it is set every `MklAllocator`
     /// allocation takes the slow path, which calls [`let_go`].
     fn set_pending(on: bool) {
         if LET_GO_PENDING.load(Relaxed) != on {
             LET_GO_PENDING.store(on, Relaxed);
-            crate::process::all_slow(on);
+            crate::backing::signals::all_slow(on);
         }
     }
 
@@ -646,7 +646,7 @@ mod instance {
     #[cold]
     #[inline(never)]
     fn let_go() {
-        if crate::background::serving() {
+        if crate::backing::signals::driven() {
             set_pending(false);
             return;
         }

@@ -91,6 +91,7 @@ mod map;
 #[cfg(all(target_os = "linux", not(miri)))]
 mod map_limit;
 pub(crate) mod medium;
+pub(crate) mod signals;
 pub(crate) mod slack;
 mod valgrind;
 pub(crate) mod zeroing;
