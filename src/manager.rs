@@ -92,6 +92,25 @@ pub struct MemStats {
     /// println!("{} bytes of medium blocks given back", s.medium_clean_bytes);
     /// ```
     pub medium_clean_bytes: u64,
+    /// How many of MKL's blocks of medium size (4 KiB to 1 MiB) went to
+    /// the C runtime's heap because the medium heap had no room: its
+    /// address space (128 GiB at most, taken 64 MiB at a time) full or
+    /// refused (a `ulimit -v` reached, the mapping limit), or none
+    /// reservable at all. Since the process started; 0 in any program
+    /// that stays within its limits. Such blocks work as before but are
+    /// not given back after the decay time (glibc keeps freed blocks in
+    /// its heap); the first one also prints a line on stderr. Not counted
+    /// where medium blocks are off by choice (`MKL_ALLOC_MEDIUM=off`) or
+    /// not built (Windows).
+    ///
+    /// ```
+    /// let s = mkl_alloc::manager::stats();
+    /// assert_eq!(s.medium_fallbacks, 0, "{} bytes fell back", s.medium_fallback_bytes);
+    /// ```
+    pub medium_fallbacks: u64,
+    /// The bytes those blocks asked for (as MKL asked: its header
+    /// included), summed since the process started.
+    pub medium_fallback_bytes: u64,
     /// Whether MKL allocates from the crate's memory: if MKL ran before the
     /// crate's setup ([`Backing::MklRanFirst`](crate::backing::Backing)),
     /// the block cache and huge pages do not apply.
@@ -149,6 +168,7 @@ pub fn stats() -> MemStats {
     let bytes = fork_guard::rare(|| unsafe { ffi::MKL_Mem_Stat(&mut buffers) });
     let (cached_bytes, cached_buffers) = crate::block_cache::held();
     let (medium_live, medium_dirty, medium_clean) = crate::backing::medium::figures();
+    let (fallbacks, fallback_bytes) = crate::backing::medium::fallbacks();
     MemStats {
         bytes: bytes.max(0) as u64,
         buffers: buffers.max(0) as u64,
@@ -158,6 +178,8 @@ pub fn stats() -> MemStats {
         medium_live_bytes: medium_live as u64,
         medium_dirty_bytes: medium_dirty as u64,
         medium_clean_bytes: medium_clean as u64,
+        medium_fallbacks: fallbacks as u64,
+        medium_fallback_bytes: fallback_bytes as u64,
         backing: crate::backing::state(),
     }
 }

@@ -240,6 +240,8 @@ fn free_buffers_keeps_live_blocks_intact() {
         medium_live_bytes: 0,
         medium_dirty_bytes: 0,
         medium_clean_bytes: 0,
+        medium_fallbacks: 0,
+        medium_fallback_bytes: 0,
         ..s
     };
     assert_eq!(

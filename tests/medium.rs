@@ -239,6 +239,69 @@ fn region_growth_child() {
     assert_eq!(medium().0, live);
 }
 
+/// A region that cannot grow (a `ulimit -v` reached) sends medium-size
+/// requests to the C runtime, which serves them; each is counted in
+/// `MemStats` (planted: without the count this fails, `medium_fallbacks`
+/// 0 with blocks on glibc's heap).
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+fn a_region_that_cannot_grow_is_counted_not_silent() {
+    run_alone("fallback_child", &[]);
+}
+
+#[test]
+#[ignore = "run by a_region_that_cannot_grow_is_counted_not_silent in a child process"]
+fn fallback_child() {
+    if !medium_here() || !cfg!(target_os = "linux") {
+        return;
+    }
+    assert_eq!(manager::stats().medium_fallbacks, 0);
+    let layout = Layout::from_size_align(48 * KIB, 64).unwrap();
+    // At most 72 MiB of blocks: past the first segment's 60, and within
+    // the 32 MiB the C runtime may take (this list itself allocated now).
+    let most = 72 * MIB / layout.size();
+    let mut blocks = Vec::with_capacity(most);
+    // Room for glibc's heap to grow by 32 MiB, not for a 64 MiB segment.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let limit = vm_kib * 1024 + (32 * MIB) as u64;
+    let rlim = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a valid rlimit, read by the call only.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rlim) }, 0);
+    while manager::stats().medium_fallbacks == 0 && blocks.len() < most {
+        // SAFETY: a non-zero layout; freed once, below.
+        let p = unsafe { MklAllocator.alloc(layout) };
+        assert!(!p.is_null(), "block {} refused", blocks.len());
+        // SAFETY: a live block of 48 KiB.
+        unsafe { common::fill(p, 64, pattern(p.addr())) };
+        blocks.push(p);
+    }
+    let s = manager::stats();
+    assert!(
+        s.medium_fallbacks >= 1 && s.medium_fallback_bytes >= layout.size() as u64,
+        "after {} blocks: {} fallbacks, {} bytes",
+        blocks.len(),
+        s.medium_fallbacks,
+        s.medium_fallback_bytes
+    );
+    assert!(
+        blocks.len() > 500,
+        "fell back after {} blocks",
+        blocks.len()
+    );
+    for p in blocks {
+        // SAFETY: live blocks of `layout`, freed once.
+        unsafe { MklAllocator.dealloc(p, layout) };
+    }
+}
+
 /// A program that changes phase (many blocks of one size, freed, then
 /// blocks of another) reuses the first phase's spans: once its blocks are
 /// given back, a span leaves its class for a pool any class takes from,

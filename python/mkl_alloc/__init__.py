@@ -683,6 +683,7 @@ def _config() -> dict[str, Any]:
             "advised_bytes": settings["huge_pages_advised_bytes"],
         },
         "background": _background_setting(),
+        "medium_blocks": _medium_setting(settings, state),
         "mem_stat": {
             "allocated_bytes": stat.allocated_bytes,
             "allocated_buffers": stat.allocated_buffers,
@@ -712,6 +713,7 @@ def _bytes(n: int | None) -> str:
 def _text(c: dict[str, Any]) -> str:
     """The report as one screen of plain text."""
     mkl, b, bc, hp, ms = c["mkl"], c["backing"], c["block_cache"], c["huge_pages"], c["mem_stat"]
+    md = c["medium_blocks"]
     lines = [
         f"mkl_alloc {c['mkl_alloc']['version']} (Python {c['mkl_alloc']['python']}, "
         f"{c['mkl_alloc']['path']})",
@@ -738,11 +740,22 @@ def _text(c: dict[str, Any]) -> str:
         + (f": {hp['unavailable']}" if hp["unavailable"] else ""),
         f"  background decay   {'on' if c['background']['running'] else 'off'}  "
         f"[{c['background']['source']}]",
+        f"  medium blocks      {md['value']}  [{md['source']}]"
+        + (f": {md['why']}" if md["why"] else ""),
         "",
         "Figures (mem_stat())",
         f"  allocated (live)   {_bytes(ms['allocated_bytes'])} in {ms['allocated_buffers']:,} blocks",
         f"  cached beneath MKL {_bytes(ms['cached_bytes'])} in {ms['cached_buffers']:,} chunks",
         f"  growth slack       {_bytes(ms['slack_bytes'])}",
+        f"  medium, for reuse  {_bytes(ms['medium_dirty_bytes'])} "
+        f"(given back: {_bytes(ms['medium_clean_bytes'])})",
+        f"  medium fallbacks   {md['fallbacks']:,}"
+        + (
+            f" blocks, {_bytes(md['fallback_bytes'])} on the C runtime's heap: "
+            "the medium heap had no room (ulimit -v?)"
+            if md["fallbacks"]
+            else ""
+        ),
         f"  huge-page advised  {_bytes(hp['advised_bytes'])} so far",
     ]
     env = c["environment"]
@@ -921,6 +934,38 @@ def background_stop() -> None:
     _background_set_by_program = True
     _background_wanted = False
     _background_stop()
+
+
+def _medium_setting(settings: dict[str, Any], state: str) -> dict[str, Any]:
+    """MKL_ALLOC_MEDIUM: whether MKL's blocks of 4 KiB-1 MiB are the
+    crate's medium blocks, where that came from, why not where they are
+    off, and how many such blocks the C runtime served for lack of room."""
+    raw = _ENV_AT_IMPORT.get("MKL_ALLOC_MEDIUM")
+    on = bool(settings["medium_blocks"])
+    if raw is None or raw == "":
+        source = "default"
+    elif settings["medium_source"] == "environment" or raw.lower() == "on":
+        source = f"environment (MKL_ALLOC_MEDIUM={raw!r})"
+    else:
+        source = f"default (MKL_ALLOC_MEDIUM={raw!r} is not on or off, so it was ignored)"
+    why = ""
+    if not on:
+        if settings["medium_source"] == "environment":
+            why = "off by choice: MKL's blocks of 4 KiB-1 MiB stay on the C runtime's heap"
+        elif sys.platform != "linux":
+            why = "medium blocks are built for Linux only"
+        elif state != "active":
+            why = "MKL is not on the crate's memory (see Backing)"
+        else:
+            why = "no address space could be reserved for them"
+    return {
+        "value": "on" if on else "off",
+        "source": source,
+        "variable": "MKL_ALLOC_MEDIUM",
+        "why": why,
+        "fallbacks": settings["medium_fallbacks"],
+        "fallback_bytes": settings["medium_fallback_bytes"],
+    }
 
 
 def _background_setting() -> dict[str, Any]:

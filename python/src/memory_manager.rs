@@ -102,7 +102,13 @@ pub fn backing() -> &'static str {
 /// budget, the decay and the threshold came from (``mkl_alloc::manager::
 /// settings()``): ``block_cache_source``, ``block_cache_decay_source`` and
 /// ``huge_pages_source``, each ``"default"``, ``"environment"`` or
-/// ``"program"`` (``_configure``, or the crate's setters).
+/// ``"program"`` (``_configure``, or the crate's setters); and the medium
+/// blocks: ``medium_blocks`` (whether MKL's blocks of 4 KiB-1 MiB are the
+/// crate's), ``medium_source`` (``"environment"`` where
+/// ``MKL_ALLOC_MEDIUM=off`` turned them off, else ``"default"``),
+/// ``medium_fallbacks`` and ``medium_fallback_bytes`` (medium-size blocks
+/// the C runtime served because the medium heap had no room, since the
+/// process started).
 #[pyfunction]
 pub fn _settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
@@ -134,6 +140,11 @@ pub fn _settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("block_cache_source", source_name(s.block_cache_source))?;
     d.set_item("block_cache_decay_source", source_name(s.decay_source))?;
     d.set_item("huge_pages_source", source_name(s.huge_pages_source))?;
+    d.set_item("medium_blocks", s.medium_blocks)?;
+    d.set_item("medium_source", source_name(s.medium_source))?;
+    let m = manager::stats();
+    d.set_item("medium_fallbacks", m.medium_fallbacks)?;
+    d.set_item("medium_fallback_bytes", m.medium_fallback_bytes)?;
     Ok(d)
 }
 

@@ -116,6 +116,21 @@ def test_json_report_of_the_backing_switched_off():
     assert "MKL_ALLOC_BACKING=off" in c["backing"]["why"]
 
 
+def test_json_report_shows_the_medium_blocks_setting_and_its_source():
+    c = report()["medium_blocks"]
+    assert c["variable"] == "MKL_ALLOC_MEDIUM" and c["source"] == "default"
+    assert (c["fallbacks"], c["fallback_bytes"]) == (0, 0)
+    if sys.platform == "linux":
+        assert c["value"] == "on" and c["why"] == ""
+    else:
+        assert c["value"] == "off" and "Linux" in c["why"]
+    off = report(MKL_ALLOC_MEDIUM="off")["medium_blocks"]
+    assert off["value"] == "off"
+    assert off["source"] == "environment (MKL_ALLOC_MEDIUM='off')"
+    bad = report(MKL_ALLOC_MEDIUM="sometimes")["medium_blocks"]
+    assert bad["source"].startswith("default (MKL_ALLOC_MEDIUM='sometimes' is not on or off")
+
+
 # In the child: blocks held and freed, then the report beside mem_stat() and
 # backing() read right after it (nothing allocates in between).
 FIGURES = """
@@ -156,6 +171,8 @@ def test_text_report_is_one_screen_with_values_and_sources():
     assert len(lines) <= 40
     assert lines[0].startswith(f"mkl_alloc {mkl_alloc.__version__} (Python ")
     assert "Intel(R) oneAPI Math Kernel Library Version" in out
+    assert re.search(r"^  medium blocks      (on  \[default\]|off  \[default\]: .+)$", out, re.M)
+    assert re.search(r"^  medium fallbacks   0$", out, re.M)
     assert re.search(r"^  block cache budget 67,108,864 bytes \(64\.0 MiB\)  "
                      r"\[environment \(MKL_ALLOC_BLOCK_CACHE='67108864'\)\]$", out, re.M)
     assert re.search(r"^  huge pages from    4,194,304 bytes \(4\.0 MiB\)  \[default\]$", out, re.M)

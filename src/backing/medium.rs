@@ -121,6 +121,11 @@ pub(crate) fn figures() -> (usize, usize, usize) {
 }
 
 #[cfg(loom)]
+pub(crate) fn fallbacks() -> (usize, usize) {
+    (0, 0)
+}
+
+#[cfg(loom)]
 pub(crate) fn empty() {}
 
 #[cfg(loom)]
@@ -142,8 +147,16 @@ mod instance {
     static HEAP: Heap = Heap::new();
 
     /// 0: on (the region reserved at the first request), 1: off (no
-    /// region could be reserved), 2: off (`MKL_ALLOC_MEDIUM=off`).
+    /// region could be reserved), 2: off (`MKL_ALLOC_MEDIUM=off`), 3: off
+    /// (not built for this system).
     static OFF: AtomicU8 = AtomicU8::new(0);
+
+    /// Medium-size requests that went to the C runtime because the heap
+    /// had no room (the region full and unable to grow, or none could be
+    /// reserved), and the bytes they asked for: `MemStats` reports both.
+    /// Touched on that path only.
+    static FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+    static FALLBACK_BYTES: AtomicUsize = AtomicUsize::new(0);
 
     /// Whether the region grows (placed where segments may follow it).
     static GROWS: AtomicBool = AtomicBool::new(false);
@@ -248,11 +261,17 @@ mod instance {
             }
         }
         if !HEAP.ready() && !init() {
+            if OFF.load(Relaxed) == 1 {
+                fell_back(n);
+            }
             return None;
         }
         let mut got = HEAP.alloc(k, &Global);
         if got.is_none() {
             got = grow_and_alloc(k);
+            if got.is_none() {
+                fell_back(n);
+            }
         }
         // A medium allocation takes its size off the run of frees (see
         // `let_go`): a working set that frees and allocates in turn keeps
@@ -272,6 +291,26 @@ mod instance {
         }
         maybe_decay(crate::sys::now_ms());
         got
+    }
+
+    /// A request of `n` bytes the heap could not serve: counted, and said
+    /// once on stderr (a system call, no allocation: this runs beneath
+    /// MKL, inside its calls).
+    #[cold]
+    #[inline(never)]
+    fn fell_back(n: usize) {
+        if FALLBACKS.fetch_add(1, Relaxed) == 0 {
+            crate::sys::write_stderr(
+                b"mkl-alloc: the medium heap has no room (its address space is full or could not be reserved): MKL's blocks of 4 KiB-1 MiB it cannot place go to the C runtime, counted in MemStats::medium_fallbacks\n",
+            );
+        }
+        FALLBACK_BYTES.fetch_add(n, Relaxed);
+    }
+
+    /// Medium-size requests the C runtime served because the heap had no
+    /// room, and the bytes they asked for, since the process started.
+    pub(crate) fn fallbacks() -> (usize, usize) {
+        (FALLBACKS.load(Relaxed), FALLBACK_BYTES.load(Relaxed))
     }
 
     /// Grows the region by a segment where it may (every span handed out),
@@ -558,7 +597,7 @@ mod instance {
         }
         #[cfg(not(target_os = "linux"))]
         {
-            OFF.store(1, Relaxed);
+            OFF.store(3, Relaxed);
             false
         }
     }
