@@ -49,6 +49,7 @@
 //! | medium churn | 42 | issue 42: a window of 2,000 live blocks, log-uniform 4 KiB-1 MiB, each step frees one at random and allocates one (a byte written per 4 KiB): System, jemalloc, mimalloc, MklAllocator, MklSplitAllocator in this process, process CPU time per step, 21 rounds | 45-80 s |
 //! | medium retention | 42 | issue 42: 1 GiB of 48 KiB, 160 KiB or log-uniform 4 KiB-1 MiB blocks with a 32 B block kept after every second, all freed, 2 s idle, one 32 B alloc: resident beyond the start, a fresh child per allocator: System, jemalloc, mimalloc, MklSplitAllocator, MklAllocator, the two MKL ones with one 64 KiB alloc after instead, and with `mkl_alloc::background::start()` and no alloc after (`PERF_RETENTION_MIB=256` for a quick look) | 2-2.5 min |
 //! | medium footprint | 54 | issue 54: 64 MiB of live blocks of 4096, 4097, 8192 or 16384 B, every byte written: resident growth over the bytes asked, a fresh child per allocator: System, jemalloc, mimalloc, MklAllocator, MklSplitAllocator, MklAllocator with `MKL_ALLOC_MEDIUM=off`, 3 rounds | 20-40 s |
+//! | medium sawtooth | 54 | issue 54: a working set of 300 blocks of 48 KiB freed, 20,000 alloc+free pairs of 16 B (timed, process CPU per pair), the 300 reallocated, 40 times: System, MklSplitAllocator and MklAllocator, the MKL ones also with `MKL_ALLOC_MEDIUM=off`, a fresh child each, 5 rounds | 10-20 s |
 //! | medium same-size churn | 54 | issue 54: 1, 2 or 8 threads, each a window of 32 blocks of 4 KiB, 48 KiB or 256 KiB, free one + alloc one (a byte written per 4 KiB): System, jemalloc, mimalloc, MklAllocator, MklSplitAllocator, the MKL ones also with `MKL_ALLOC_MEDIUM=off`, a fresh child each, process CPU per step, 5 rounds | 2-4 min |
 //!
 //! Configurations (issue 21). The `config` groups and the workload group
@@ -116,7 +117,7 @@ use report::{Machine, Table};
 type Group = fn(&mut Table);
 
 /// Every group, in the order they run.
-const GROUPS: [(&str, Group); 21] = [
+const GROUPS: [(&str, Group); 22] = [
     ("alloc+free", classic::alloc_free_group),
     ("small objects", classic::small_objects_group),
     ("Vec growth", classic::growth_group),
@@ -138,6 +139,7 @@ const GROUPS: [(&str, Group); 21] = [
     ("medium retention", medium::retention_group),
     ("medium footprint", medium::footprint_group),
     ("medium same-size churn", medium::same_size_group),
+    ("medium sawtooth", medium::sawtooth_group),
 ];
 
 /// `target/perf/results.json` in the `target/` this binary was built in
@@ -214,6 +216,10 @@ fn main() {
         }
         if args.get(1).map(String::as_str) == Some("same-size") {
             medium::same_size_child(&args[2..]);
+            return;
+        }
+        if args.get(1).map(String::as_str) == Some("sawtooth") {
+            medium::sawtooth_child(&args[2..]);
             return;
         }
         if args.get(1).map(String::as_str) == Some("footprint") {

@@ -650,3 +650,100 @@ fn same_size<G: GlobalAlloc + Sync>(g: &G, size: usize, threads: usize) -> f64 {
     });
     (process_cpu_ns() - t0) / (steps * threads) as f64
 }
+
+/// The sawtooth's competitors: name, the child's allocator, and whether
+/// medium blocks are off.
+const SAWTOOTH: [(&str, &str, bool); 5] = [
+    ("System", "system", false),
+    ("MklSplitAllocator", "split", false),
+    ("MklSplitAllocator, MKL_ALLOC_MEDIUM=off", "split", true),
+    ("MklAllocator", "mkl", false),
+    ("MklAllocator, MKL_ALLOC_MEDIUM=off", "mkl", true),
+];
+
+/// The sawtooth (issue 54, point 7): a working set that frees its medium
+/// blocks, does small work, and allocates them again, over and over; what
+/// the retention machinery (the let-go run) costs the small work. Every
+/// competitor in a child of its own, 5 interleaved rounds.
+pub fn sawtooth_group(t: &mut Table) {
+    const ROUNDS: usize = 5;
+    let mut series: Vec<Series> = SAWTOOTH.iter().map(|w| Series::new(w.0)).collect();
+    for r in 0..ROUNDS {
+        for i in order(SAWTOOTH.len(), r) {
+            let (_, arg, off) = SAWTOOTH[i];
+            let f = medium_child(&["sawtooth", arg], off);
+            series[i].values.push(field(&f, "ns"));
+        }
+    }
+    t.values(
+        "54. sawtooth: 300 x 48 KiB freed, 20,000 alloc+free pairs of 16 B, the 300 reallocated (process CPU per small pair)",
+        "ns",
+        &series,
+    );
+    for (on, off) in [(1, 2), (3, 4)] {
+        t.target(
+            &format!(
+                "sawtooth: {}'s small pairs ≤ 1.05x itself with MKL_ALLOC_MEDIUM=off",
+                series[on].name
+            ),
+            &series[on],
+            &series[off],
+            1.05,
+        );
+    }
+    t.target(
+        "sawtooth: MklSplitAllocator's small pairs ≤ 1.02x its small side alone (System)",
+        &series[1],
+        &series[0],
+        1.02,
+    );
+}
+
+/// `perf --child sawtooth <who>`: process CPU time per small pair,
+/// printed as `ns=<value>`.
+pub fn sawtooth_child(args: &[String]) {
+    let ns = match args[0].as_str() {
+        "system" => sawtooth(&std::alloc::System),
+        "mkl" => sawtooth(&MklAllocator),
+        "split" => sawtooth(&MklSplitAllocator),
+        other => panic!("unknown allocator {other}"),
+    };
+    println!("ns={ns:.2}");
+}
+
+/// The sawtooth under `g`: 40 cycles of freeing 300 touched blocks of
+/// 48 KiB, 20,000 alloc+free pairs of 16 B (only these timed), and the
+/// 300 allocated again.
+fn sawtooth<G: GlobalAlloc>(g: &G) -> f64 {
+    const CYCLES: usize = 40;
+    const PAIRS: usize = 20_000;
+    let small = Layout::from_size_align(16, 8).unwrap();
+    let mut set: Vec<(*mut u8, Layout)> = (0..300).map(|_| alloc_touched(g, 48 << 10)).collect();
+    let mut timed = 0.0;
+    for c in 0..=CYCLES {
+        for (p, l) in set.drain(..) {
+            // SAFETY: allocated by `g` with `l`, freed once.
+            unsafe { g.dealloc(p, l) };
+        }
+        let t0 = process_cpu_ns();
+        for _ in 0..PAIRS {
+            // SAFETY: a non-zero layout; freed once, right after.
+            let p = unsafe { g.alloc(small) };
+            assert!(!p.is_null());
+            // SAFETY: a live block of 16 bytes.
+            unsafe { p.write_volatile(1) };
+            // SAFETY: allocated by `g` with `small`, freed once.
+            unsafe { g.dealloc(p, small) };
+        }
+        // The first cycle warms up (MKL's buffers, the heaps' first spans).
+        if c > 0 {
+            timed += process_cpu_ns() - t0;
+        }
+        set.extend((0..300).map(|_| alloc_touched(g, 48 << 10)));
+    }
+    for (p, l) in set {
+        // SAFETY: as above.
+        unsafe { g.dealloc(p, l) };
+    }
+    timed / (CYCLES * PAIRS) as f64
+}
