@@ -353,7 +353,7 @@ mod instance {
         use core::cell::Cell;
         use core::ptr;
         use core::sync::atomic::{
-            AtomicBool, AtomicPtr, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+            AtomicPtr, AtomicU8, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
         };
 
         use super::{Global, HEAP, SLOT_CLASSES};
@@ -419,13 +419,24 @@ mod instance {
                 let _ = HELD.try_with(|h| h.set(false));
             }
         }
-        /// Whether a block may have been parked since the last sweep.
-        static ANY: AtomicBool = AtomicBool::new(false);
+        /// Whether a block may be parked in some thread: [`PARKED`] after a
+        /// park, lowered by one at each sweep; 0 (nothing to sweep) only
+        /// after two sweeps in a row with no park between. One would do
+        /// if a park's slot store and its read of this word were ordered,
+        /// but they are not (a fence on every free would cost more than
+        /// the slot saves): a thread may park a block the sweep just
+        /// missed (its store not yet visible) and read the word from
+        /// before the sweep lowered it, and so not raise it again. The
+        /// second sweep, a quarter of the decay time later, sees the block.
+        static ANY: AtomicU8 = AtomicU8::new(0);
+
+        /// [`ANY`]'s value after a park.
+        const PARKED: u8 = 2;
 
         /// Whether a block may be parked in any thread (a snapshot).
         #[inline]
         pub(super) fn any() -> bool {
-            ANY.load(Relaxed)
+            ANY.load(Relaxed) != 0
         }
 
         /// The registry's first entry: written under LOCK, read under it
@@ -482,9 +493,10 @@ mod instance {
                         register(s);
                     }
                     slot.store(p, Release);
-                    // Read-shared: written only when it changes.
-                    if !ANY.load(Relaxed) {
-                        ANY.store(true, Relaxed);
+                    // Read-shared: written only when it changes (once a
+                    // sweep, by the threads that park after it).
+                    if ANY.load(Relaxed) != PARKED {
+                        ANY.store(PARKED, Relaxed);
                     }
                     true
                 })
@@ -521,11 +533,17 @@ mod instance {
         /// Gives every thread's parked blocks back to the heap, as freed at
         /// `when` (ms).
         pub(super) fn sweep(when: usize) {
-            if !ANY.load(Relaxed) {
-                return; // nothing parked since the last sweep
+            if ANY.load(Relaxed) == 0 {
+                return; // nothing parked since the last two sweeps
             }
             let _g = Held::take();
-            ANY.store(false, Relaxed);
+            // Under LOCK, so sweeps do not race each other; a park that
+            // raised the word meanwhile keeps it raised (the exchange
+            // fails).
+            let any = ANY.load(Relaxed);
+            if any != 0 {
+                let _ = ANY.compare_exchange(any, any - 1, Relaxed, Relaxed);
+            }
             let mut s: *const Slots = HEAD.load(Relaxed);
             while !s.is_null() {
                 // SAFETY: a live thread's slots, on the registry, LOCK held.
