@@ -155,8 +155,9 @@ fn not_found_help(cache: &Path, what: &str, why: &str) -> String {
          - make `pkg-config {pkg}` find one (PKG_CONFIG_PATH);\n\
          - `python3 -m pip download --no-deps` the {MKL_VERSION} wheels {wheels} \
          (e.g. mkl-static=={MKL_VERSION}), unzip them into one directory and set MKLROOT to it;\n\
-         - or allow the build to fetch them (unset MKL_ALLOC_NO_DOWNLOAD and CARGO_NET_OFFLINE); \
-         the cache is {}.",
+         - or allow the build to fetch them (unset MKL_ALLOC_NO_DOWNLOAD and CARGO_NET_OFFLINE) \
+         with a python3 that has pip (Debian's needs python3-pip; PYTHON=/path/to/python picks \
+         another); the cache is {}.",
         cache.display()
     )
 }

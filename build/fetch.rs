@@ -56,18 +56,23 @@ pub fn fetch(cache: &Path, parts: &[&Part], what: &str) -> Result<()> {
             .map(|w| format!("{}=={MKL_VERSION} --hash=sha256:{}\n", w.project, w.sha256))
             .collect();
         fs::write(&requirements, pins).map_err(|e| format!("mkl-alloc: {e}"))?;
-        let status = Command::new(&python)
+        // Output captured (cargo shows a build script's only with -vv):
+        // a failure quotes pip's last lines, its own reason ("No module
+        // named pip", the index refused, a hash mismatch).
+        let out = Command::new(&python)
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
             .args(["--platform", platform, "--require-hashes"])
             .arg("-d")
             .arg(&wheel_dir)
             .arg("-r")
             .arg(&requirements)
-            .status()
+            .output()
             .map_err(|e| format!("mkl-alloc: cannot run `{python} -m pip`: {e}"))?;
-        if !status.success() {
+        if !out.status.success() {
             return Err(format!(
-                "mkl-alloc: `{python} -m pip download` failed ({status})"
+                "mkl-alloc: `{python} -m pip download` failed ({}); pip said:\n{}",
+                out.status,
+                last_lines(&out.stderr, &out.stdout, 12)
             ));
         }
     }
@@ -131,4 +136,23 @@ if not found:
         cache.display()
     );
     Ok(())
+}
+
+/// The last `n` non-empty lines of a command's stderr (else its stdout),
+/// indented, for an error message.
+fn last_lines(stderr: &[u8], stdout: &[u8], n: usize) -> String {
+    let text = if stderr.iter().any(|b| !b.is_ascii_whitespace()) {
+        String::from_utf8_lossy(stderr)
+    } else {
+        String::from_utf8_lossy(stdout)
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return "  (nothing)".to_string();
+    }
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| format!("  {}", l.trim_end()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -5,6 +5,7 @@
 # - a half-written cache part (no stamp, or a stamp that does not match the
 #   files) is never used;
 # - a failed fetch leaves no folder or MKL file behind (only empty lock files);
+# - a python3 without pip fails with pip's own message in the output;
 # - a fetch waits while another build holds the lock of a part it needs;
 # - the sweep of dead builds' work folders spares live ones of other hosts
 #   and PID namespaces, even where their locks are not seen (build/workdir.rs);
@@ -58,6 +59,17 @@ if [ -n "$left" ]; then
   echo "FAIL: failed fetch left files behind:"; echo "$left" | head; exit 1
 fi
 echo "ok: failed fetch left nothing behind but empty lock files"; passed=$((passed+1))
+
+# A python3 without pip (Debian's python3 without python3-pip): the build
+# fails with pip's own reason in its output, not only the exit status.
+rm -rf "$tmp/cache"
+python3 -m venv --without-pip "$tmp/nopip"
+expect_refusal "python without pip" env PYTHON="$tmp/nopip/bin/python" cargo check --lib
+grep -q "No module named pip" "$tmp/log" || {
+  echo "FAIL: python without pip: pip's own message is not in the output"; cat "$tmp/log"; exit 1
+}
+echo "ok: python without pip: the output says 'No module named pip'"; passed=$((passed+1))
+rm -rf "$tmp/cache"
 
 # A fetch waits while another build holds a part's lock (build/locks.rs):
 # a helper holds the headers' lock until the build has the lock file open
