@@ -44,7 +44,9 @@
 //!   rounded up to a page, plus `MemStats::slack_bytes`, the fit's eighth
 //!   and growth slack, at most the budget and usually none), **plus, while
 //!   threads allocate at once, the chunks they are mapping at that
-//!   moment** (each maps before it evicts). Medium blocks' dirty pages
+//!   moment** (each maps before it evicts). A chunk cut down or grown
+//!   keeps its huge-page advice, as a chunk reused whole does. Medium
+//!   blocks' dirty pages
 //!   (`medium`, under the same budget) are not evicted for chunks: they
 //!   decay. Measured (tests/block_cache.rs, 2-core AMD EPYC VM): a
 //!   64 MiB buffer freed, then 48 MiB written: RSS 2 MiB below the 64 MiB
