@@ -27,10 +27,11 @@
 //!   (next point).
 //! - **Peak** (issue 54; Linux): caching never raises the peak. A request
 //!   no cached chunk fits takes the smallest larger one, cut down to it
-//!   (to `GROWTH_SLACK` times it for a growth; the part from the next
-//!   2 MiB boundary on, if 1 MiB or more, stays cached as a chunk of its
-//!   own, with its age and marking; the bytes between are unmapped), or
-//!   else the largest smaller one, grown to it
+//!   (the part from the next 2 MiB boundary on, if 1 MiB or more, stays
+//!   cached as a chunk of its own, with its age and marking; the bytes
+//!   between are unmapped; a growth takes it whole, as slack within the
+//!   budget, so that it grows on in place: a `Vec` pushed again after a
+//!   bigger one was freed), or else the largest smaller one, grown to it
 //!   with `mremap` (in place, or its pages moved onto a fresh mapping:
 //!   the pages it had are reused, only the rest is new; a chunk of two
 //!   mappings is unmapped instead). And whenever the crate maps new
