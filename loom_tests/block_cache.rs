@@ -277,3 +277,50 @@ fn a_give_and_a_slack_reservation_race_for_the_last_room() {
         assert_eq!(c.bytes(), 0);
     });
 }
+
+/// Issue 54: a request no block fits takes a larger one and puts its
+/// remainder back (`take_cut`), another takes the largest smaller one
+/// (`take_grown`), and an eviction makes room (`evict_for`), all at once:
+/// every block, the remainder included, ends up in exactly one place, and
+/// the budget word returns to the bytes in the shards.
+#[test]
+fn a_cut_a_take_below_and_an_eviction_lose_and_duplicate_nothing() {
+    model(|| {
+        let c = std::sync::Arc::new(Cache::with_budget(8 * MIB));
+        assert!(c.give(fake(1), 4 * MIB, 0, |_, _| panic!("no eviction")));
+        assert!(c.give(fake(2), MIB, 0, |_, _| panic!("no eviction")));
+        let c1 = c.clone();
+        let cutter = thread::spawn(move || {
+            let (p, got, since) = c1.take_within_since(2 * MIB, usize::MAX, 1);
+            if p.is_null() {
+                return (Blocks::new(), false);
+            }
+            assert!(got >= 2 * MIB);
+            // Its remainder, a block of its own, back with its age.
+            let kept = c1.give(fake(3), MIB, since, |_, _| panic!("no eviction"));
+            assert!(c1.bytes() <= 8 * MIB);
+            (vec![(p as usize, got)], kept)
+        });
+        let c2 = c.clone();
+        let grower = thread::spawn(move || {
+            let (p, got) = c2.take_below(3 * MIB);
+            if p.is_null() {
+                return Blocks::new();
+            }
+            assert!(got < 3 * MIB);
+            vec![(p as usize, got)]
+        });
+        let mut evicted = Blocks::new();
+        c.evict_largest(|p, s| evicted.push((p as usize, s)));
+        let (cut, kept) = cutter.join().unwrap();
+        let grown = grower.join().unwrap();
+        let all = sorted([cut.clone(), grown, evicted, leftovers(&c)].concat());
+        let mut expect = vec![(fake(1) as usize, 4 * MIB), (fake(2) as usize, MIB)];
+        if kept {
+            expect.push((fake(3) as usize, MIB));
+        }
+        assert_eq!(all, sorted(expect));
+        assert!(!kept || !cut.is_empty());
+        assert_eq!(c.bytes(), 0);
+    });
+}

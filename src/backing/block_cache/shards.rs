@@ -207,6 +207,19 @@ impl Cache {
     /// As [`take`](Self::take), for a block of `size ..= max` bytes (the
     /// smallest size class first).
     pub fn take_within(&self, size: usize, max: usize, align: usize) -> (*mut u8, usize) {
+        let (p, got, _) = self.take_within_since(size, max, align);
+        (p, got)
+    }
+
+    /// As [`take_within`](Self::take_within), also saying when the block
+    /// was cached (for a caller that puts part of it back: the part keeps
+    /// its age: [`give`](Self::give) it with that time as `now`).
+    pub fn take_within_since(
+        &self,
+        size: usize,
+        max: usize,
+        align: usize,
+    ) -> (*mut u8, usize, usize) {
         let (first, last) = (class(size), class(max.max(size)));
         for shard in &self.shards[first..=last] {
             let mut slots = shard.lock();
@@ -221,6 +234,27 @@ impl Cache {
                     best = Some(i);
                 }
             }
+            if let Some(i) = best {
+                let e = core::mem::replace(&mut slots.0[i], Entry::EMPTY);
+                drop(slots);
+                self.bytes.fetch_sub(e.size, Relaxed);
+                return (e.ptr, e.size, e.since);
+            }
+        }
+        (ptr::null_mut(), 0, 0)
+    }
+
+    /// The largest cached block smaller than `size` bytes, with its size
+    /// (the shards visited from `size`'s class down: the first that holds
+    /// one smaller than `size` holds the largest); null if there is none.
+    /// The block leaves the cache: the caller owns it.
+    #[cfg_attr(not(all(target_os = "linux", not(miri))), allow(dead_code))] // see `take_grown`
+    pub fn take_below(&self, size: usize) -> (*mut u8, usize) {
+        for shard in self.shards[..=class(size)].iter().rev() {
+            let mut slots = shard.lock();
+            let best = (0..SLOTS)
+                .filter(|&i| !slots.0[i].ptr.is_null() && slots.0[i].size < size)
+                .max_by_key(|&i| slots.0[i].size);
             if let Some(i) = best {
                 let e = core::mem::replace(&mut slots.0[i], Entry::EMPTY);
                 drop(slots);
