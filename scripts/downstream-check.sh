@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Builds and runs a small downstream crate per MKL link mode, each depending
-# on this checkout by path, in a temporary folder (issue: every MKL setup).
-# Each run checks MKL memory, a cblas_dgemm on MklAllocator buffers against a
-# naive product, and prints the MKL libraries it loaded (ldd for dynamic ones).
+# Builds and runs downstream crates of this checkout, outside it, in a
+# temporary folder: a new user's crate made as the README says (cargo-add),
+# the README's Rust examples as pasted (readme), and a small crate per MKL
+# link mode depending on this checkout by path (issue: every MKL setup),
+# whose run checks MKL memory, a cblas_dgemm on MklAllocator buffers against
+# a naive product, and prints the MKL libraries it loaded (ldd for dynamic
+# ones).
 #
-#   bash scripts/downstream-check.sh                 # cargo-add, the four CI modes, one-mkl
+#   bash scripts/downstream-check.sh                 # cargo-add, readme, the four CI modes, one-mkl
 #   bash scripts/downstream-check.sh mkl-static-ilp64-seq mkl-dynamic-ilp64-iomp
-#   bash scripts/downstream-check.sh cargo-add one-mkl
+#   bash scripts/downstream-check.sh cargo-add readme one-mkl
 #
 # The plant: a fake MKL 2020.1 (a static libmkl_core.a whose MKL_malloc
 # returns NULL) where intel-mkl-src's ocipkg fallback finds it
@@ -17,6 +20,16 @@
 # main.rs, no .cargo/config.toml. Built and run with XDG_DATA_HOME at the
 # plant, then at an empty folder (where the download fails): intel-mkl-src
 # is not in the graph, and the 8 MiB vector is MKL's.
+#
+# readme: every ```rust block of README.md as pasted (issue 55), in one
+# `cargo new` crate with the README's own `cargo add --path` line (pointed
+# at this checkout) and whatever `cargo add allocator-api2 hashbrown` and
+# `cargo add mimalloc` pick today (no pin: a new major that breaks an
+# example fails here first). Each block is a binary (src/bin/readme-LINE.rs,
+# LINE the fence's line in README.md): a block with `fn main` as it is, one
+# without wrapped in `fn main() { ... }` as rustdoc does; all are built
+# with one `cargo build`, and each is run. A fence `rust,ignore` or
+# `rust,compile_fail` is skipped, `rust,no_run` built only.
 #
 # one-mkl: the default configuration with the `intel-mkl-src` feature (a
 # graph that has intel-mkl-src anyway, ndarray-linalg & co.), and the plant.
@@ -30,7 +43,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 export CARGO_TARGET_DIR="$root/target/downstream"
 modes=("$@")
-[ ${#modes[@]} -gt 0 ] || modes=(cargo-add default mkl-static-lp64-iomp mkl-dynamic-lp64-seq mkl-rt one-mkl)
+[ ${#modes[@]} -gt 0 ] || modes=(cargo-add readme default mkl-static-lp64-iomp mkl-dynamic-lp64-seq mkl-rt one-mkl)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 unset LD_LIBRARY_PATH
@@ -83,6 +96,60 @@ cargo_add() {
     echo "ok: cargo-add: builds and runs, MKL holds $bytes bytes ($([ "$data" = "$plant" ] && echo "intel-mkl-src's download folder planted" || echo "no download folder"))"
   done
   [ -z "$(ls -A "$empty")" ] || { echo "FAIL: cargo-add: something wrote into XDG_DATA_HOME: $(ls -A "$empty")"; return 1; }
+}
+
+# The README's Rust examples (see the header). Returns non-zero on failure.
+readme() {
+  local crate="$tmp/ds-readme" log="$tmp/readme.log" line bin i
+  local -a add runs
+  # The README's dependency line for a checkout, this checkout's path put in.
+  line=$(sed -n 's/^\(cargo add --path [^#]*[^ #]\) *\(#.*\)\{0,1\}$/\1/p' README.md | head -1)
+  [ -n "$line" ] || { echo "FAIL: readme: no 'cargo add --path' line in README.md"; return 1; }
+  read -ra add <<<"$line"
+  for i in "${!add[@]}"; do [ "${add[$i]}" != --path ] || add[i+1]=$root; done
+  echo "  $line (path: this checkout)"
+  (cd "$tmp" && cargo new --quiet --vcs none ds-readme) || return 1
+  (cd "$crate" && "${add[@]}" --quiet && cargo add --quiet allocator-api2 hashbrown && cargo add --quiet mimalloc) >"$log" 2>&1 \
+    || { cat "$log"; echo "FAIL: readme: cargo add"; return 1; }
+  sed -n '/^\[dependencies\]/,$p' "$crate/Cargo.toml" | sed '1d;s/^/  /'
+  rm "$crate/src/main.rs"
+  mkdir "$crate/src/bin"
+  # One binary per block; prints "LINE run" or "LINE build" per binary.
+  python3 - README.md "$crate/src/bin" >"$tmp/readme.bins" <<'PY' || { echo "FAIL: readme: extracting the examples"; return 1; }
+import re, sys
+readme, out = sys.argv[1], sys.argv[2]
+block, start, info = None, 0, ""
+for n, text in enumerate(open(readme, encoding="utf-8"), 1):
+    if block is None:
+        m = re.match(r"^```(rust[^`]*)$", text.rstrip("\n"))
+        if m:
+            block, start, info = [], n, m.group(1)
+        continue
+    if text.rstrip("\n") != "```":
+        block.append(text)
+        continue
+    attrs = {a.strip() for a in info.split(",")[1:]}
+    src = "".join(block)
+    block = None
+    if attrs & {"ignore", "compile_fail"}:
+        print(f"README.md:{start}: skipped ({info})", file=sys.stderr)
+        continue
+    if not re.search(r"^\s*fn main\s*\(", src, re.M):
+        src = "fn main() {\n" + "".join("    " + l if l.strip() else l for l in src.splitlines(True)) + "}\n"
+    open(f"{out}/readme-{start}.rs", "w", encoding="utf-8").write(src)
+    print(start, "build" if "no_run" in attrs else "run")
+PY
+  mapfile -t runs <"$tmp/readme.bins"
+  [ ${#runs[@]} -gt 0 ] || { echo "FAIL: readme: no rust block in README.md"; return 1; }
+  if ! (cd "$crate" && cargo build --release --quiet --bins) >"$log" 2>&1; then
+    cat "$log"; echo "FAIL: readme: an example does not compile (the binary readme-LINE is README.md's block at LINE)"; return 1
+  fi
+  for line in "${runs[@]}"; do
+    bin="readme-${line% *}"
+    if [ "${line#* }" = build ]; then echo "ok: README.md:${line% *}: builds (no_run)"; continue; fi
+    "$CARGO_TARGET_DIR/release/$bin" >"$log" 2>&1 || { cat "$log"; echo "FAIL: readme: README.md:${line% *}: the example fails"; return 1; }
+    echo "ok: README.md:${line% *}: builds and runs"
+  done
 }
 
 # The two-MKLs check (see the header). Returns non-zero on failure.
@@ -140,6 +207,11 @@ for mode in "${modes[@]}"; do
   if [ "$mode" = cargo-add ]; then
     echo "== cargo-add"
     if cargo_add; then passed=$((passed+1)); else echo "FAIL: cargo-add"; failed=$((failed+1)); fi
+    continue
+  fi
+  if [ "$mode" = readme ]; then
+    echo "== readme"
+    if readme; then passed=$((passed+1)); else echo "FAIL: readme"; failed=$((failed+1)); fi
     continue
   fi
   if [ "$mode" = one-mkl ]; then

@@ -162,7 +162,7 @@ run_tests() {
   # Each line stamped with the seconds since the start (a test's line
   # appears when it finishes): where the time goes.
   MIRIFLAGS="$flags" CARGO_TARGET_DIR=target/miri \
-    cargo +nightly miri test --no-fail-fast --features serde,bytemuck,allocator-api2-04 \
+    cargo +nightly miri test --no-fail-fast --features serde,bytemuck \
     "$@" 2>&1 |
     while IFS= read -r line; do printf '%4d %s\n' $((SECONDS - start)) "$line"; done \
       >"$log_dir/$name.log" || status=$?
@@ -234,7 +234,7 @@ echo "   (misaligned-realloc: those named ${misaligned_filters[*]})"
 # Built apart per model, the two builds took 4 of CI's 16 Miri minutes.
 start=$SECONDS
 if ! CARGO_TARGET_DIR=target/miri cargo +nightly miri test --no-run \
-  --features serde,bytemuck,allocator-api2-04 "${test_args[@]}" >"$log_dir/build.log" 2>&1; then
+  --features serde,bytemuck "${test_args[@]}" >"$log_dir/build.log" 2>&1; then
   cat "$log_dir/build.log"
   echo "miri: the build failed" >&2
   exit 1

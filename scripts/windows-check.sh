@@ -73,7 +73,7 @@ grep -q "not available for the GNU Windows target" "$work/static.log" \
   || { echo "FAIL: the refusal lacks its message:"; cat "$work/static.log"; exit 1; }
 echo "ok: refused with its message"
 
-features=(--no-default-features --features mkl-rt,serde,bytemuck,allocator-api2-04)
+features=(--no-default-features --features mkl-rt,serde,bytemuck)
 step "cargo test --target $triple ${features[*]} --tests (under wine)"
 cargo test --target "$triple" "${features[@]}" --tests --no-fail-fast "$@" 2>&1 | tee "$work/test.log"
 step "the doctests, under wine"

@@ -359,7 +359,10 @@ unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mu
 /// assert_eq!(v.as_ptr() as usize % 64, 0);
 /// ```
 ///
-/// For chosen collections, through allocator-api2:
+/// For chosen collections, through allocator-api2. Both of its lines'
+/// `Allocator` are implemented, 0.2's (hashbrown's and bumpalo's) and 0.4's
+/// (what `cargo add allocator-api2` picks today), so the collections of
+/// either take it:
 ///
 /// ```
 /// use allocator_api2::vec::Vec;
@@ -369,6 +372,10 @@ unsafe fn realign(block: *mut u8, keep: usize, size: usize, align: usize) -> *mu
 /// v.extend((0..1000).map(f64::from));
 /// assert_eq!(v.as_ptr() as usize % 64, 0);
 /// assert_eq!(v[999], 999.0);
+///
+/// // allocator-api2 0.4 (renamed here, as this crate depends on both):
+/// let b = allocator_api2_04::boxed::Box::new_in([7u8; 100], MklAllocator);
+/// assert_eq!(b.as_ptr() as usize % 64, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MklAllocator;
@@ -590,8 +597,8 @@ unsafe impl Blocks for MklAllocator {
 }
 
 /// Implements the `Allocator` trait of one allocator-api line (the module
-/// path in the first brackets: `allocator_api2::alloc` and, with the
-/// `allocator-api2-04` feature, `allocator_api2_04::alloc`) for a type
+/// path in the first brackets: `allocator_api2::alloc` or
+/// `allocator_api2_04::alloc`) for a type
 /// implementing [`Blocks`], forwarding each method to the `api_*` functions.
 /// The traits have the same shape; only the error type's path differs.
 macro_rules! allocator_via_blocks {
@@ -666,19 +673,14 @@ macro_rules! allocator_via_blocks {
 }
 pub(crate) use allocator_via_blocks;
 
-/// Implements every enabled allocator-api line's `Allocator` for a type
-/// implementing [`Blocks`]: allocator-api2 0.2 always (under the `nightly`
-/// feature its trait is `core::alloc::Allocator` itself), 0.4 with the
-/// `allocator-api2-04` feature.
+/// Implements both allocator-api lines' `Allocator` for a type implementing
+/// [`Blocks`]: allocator-api2 0.2 (under the `nightly` feature its trait is
+/// `core::alloc::Allocator` itself) and 0.4 (which has no `nightly` feature,
+/// so the two impls never name one trait).
 macro_rules! allocator_impls {
     ([$($generics:tt)*] $ty:ty) => {
         $crate::allocator::allocator_via_blocks!([allocator_api2::alloc] [$($generics)*] $ty);
-        // The attribute gives the impl docs.rs's feature badge.
-        #[cfg(feature = "allocator-api2-04")]
-        $crate::allocator::allocator_via_blocks!(
-            [allocator_api2_04::alloc] [$($generics)*] $ty,
-            #[cfg_attr(docsrs, doc(cfg(feature = "allocator-api2-04")))]
-        );
+        $crate::allocator::allocator_via_blocks!([allocator_api2_04::alloc] [$($generics)*] $ty);
     };
 }
 pub(crate) use allocator_impls;

@@ -18,7 +18,7 @@
 //! (`MklAllocator` installs the same way, for a program in which every
 //! block must be MKL's.) What is in the crate:
 //!
-//! - [`MklAllocator`]: `GlobalAlloc` and allocator-api2's `Allocator` on
+//! - [`MklAllocator`]: `GlobalAlloc` and allocator-api2's `Allocator` (0.2 and 0.4) on
 //!   `MKL_malloc` / `MKL_calloc` / `MKL_realloc` / `MKL_free`; every block is
 //!   aligned to at least 64 bytes.
 //! - [`MklSplitAllocator`](struct@MklSplitAllocator): a size-split allocator for `#[global_allocator]`:

@@ -1,8 +1,7 @@
-//! allocator-api2 0.4's `Allocator` (feature `allocator-api2-04`), beside 0.2's.
+//! allocator-api2 0.4's `Allocator`, beside 0.2's (both always implemented).
 //!
 //! MKL's counts are process-wide: the tests of this binary run one at a
 //! time, or one test's blocks show up in another's count.
-#![cfg(feature = "allocator-api2-04")]
 
 use std::sync::{Mutex, MutexGuard};
 
