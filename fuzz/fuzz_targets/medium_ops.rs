@@ -31,6 +31,20 @@
 //! as dirty in `figures()`, the spawned threads' went back to the heap when
 //! they exited, so nothing parked counts as live), and after
 //! `free_buffers()` `medium_dirty_bytes` is 0.
+//!
+//! Checked that it fails (each mistake planted in a local edit, reverted):
+//! - the decay skipping the zeroing of a block's bytes on the first page
+//!   it shares with a live neighbour (`Heap::give_back`): found by the
+//!   seed `decay_between_live` while the corpus loads (under a second of
+//!   a 60 s run); from an empty corpus without the seeds, in 47 s and 57 s
+//!   of three 60 s runs (`zeroed block: byte 0 of 69631 ... is 0xc3`);
+//! - `medium::free` dropping every block of the 48 KiB class that finds
+//!   its slot taken: found in 17-20 s from an empty corpus (two runs), by
+//!   `medium_live_bytes` after `free_buffers()` (49280 bytes left live).
+//!
+//! libFuzzer runs it at about 2,000-3,500 inputs a second on a core of the
+//! 2-core VM; most of the time goes to first-touch page faults, since
+//! every page of every block is written.
 #![no_main]
 
 use core::alloc::Layout;
@@ -316,8 +330,10 @@ fn ranges(addr: usize, len: usize, mut f: impl FnMut(usize, usize)) {
     f(len - EDGE, EDGE);
 }
 
-/// Checks that the sampled bytes of `[ptr, ptr + len)` (as written at
-/// `layout_addr`, `layout_len`) from offset `from` up to `len` hold `v`.
+/// Checks that the bytes of the block at `ptr` that [`ranges`] samples
+/// for a block of `sampled_len` bytes at `sampled_at` (where they were
+/// written: the block before a resize moved it, or the block itself) hold
+/// `v`, from offset `from` up to `len`.
 fn check(
     ptr: NonNull<u8>,
     sampled_at: usize,
@@ -603,11 +619,11 @@ fn cross_free(init: &'static Init, st: &mut State, mask: u32) {
         if batch.len() == 4 {
             break;
         }
-        if mask & (1 << slot) != 0 {
-            if let Some(b) = st.slots[slot].take() {
-                check_block(&b, "before a free on another thread");
-                batch.push(b);
-            }
+        if mask & (1 << slot) != 0
+            && let Some(b) = st.slots[slot].take()
+        {
+            check_block(&b, "before a free on another thread");
+            batch.push(b);
         }
     }
     if batch.is_empty() {
