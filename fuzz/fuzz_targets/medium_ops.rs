@@ -19,9 +19,9 @@
 //! slots go back to the heap when it exits).
 //!
 //! Checked: every live block holds its slot's fill where it was written
-//! (the whole block up to 32 KiB; above, its first and last 8 KiB and
-//! 64 bytes either side of every page boundary: where blocks share pages
-//! and the heap zeroes or purges), before a free or a resize and after it
+//! (the whole block up to 32 KiB; above, its first and last 8 KiB, where
+//! blocks share pages and the heap zeroes or purges, and 64 bytes either
+//! side of every 8th page boundary), before a free or a resize and after it
 //! up to the smaller size; zeroed blocks read zero there (also taken again
 //! after decay or `free_buffers` gave pages back), and so does a zeroed
 //! growth's tail; through the hooks, `medium_live_bytes` moves by exactly
@@ -32,19 +32,23 @@
 //! they exited, so nothing parked counts as live), and after
 //! `free_buffers()` `medium_dirty_bytes` is 0.
 //!
-//! Checked that it fails (each mistake planted in a local edit, reverted):
+//! Checked that it fails (each mistake planted in a local edit of the
+//! crate, then reverted), on the 2-core VM, shared (load 5-7):
 //! - the decay skipping the zeroing of a block's bytes on the first page
 //!   it shares with a live neighbour (`Heap::give_back`): found by the
-//!   seed `decay_between_live` while the corpus loads (under a second of
-//!   a 60 s run); from an empty corpus without the seeds, in 47 s and 57 s
-//!   of three 60 s runs (`zeroed block: byte 0 of 69631 ... is 0xc3`);
+//!   seed `decay_between_live` as the corpus loads, in the first second
+//!   of `scripts/fuzz.sh 60 medium_ops`; from an empty corpus, without
+//!   the seeds, within 60 s in 4 runs of 6 (47-59 s: `zeroed block:
+//!   byte 0 of 262184 ... is 0xb1, not 0x0`);
 //! - `medium::free` dropping every block of the 48 KiB class that finds
-//!   its slot taken: found in 17-20 s from an empty corpus (two runs), by
-//!   `medium_live_bytes` after `free_buffers()` (49280 bytes left live).
+//!   its slot taken: found in 17-20 s from an empty corpus (two runs of
+//!   two), by `medium_live_bytes` after `free_buffers()` (49280 left).
 //!
-//! libFuzzer runs it at about 2,000-3,500 inputs a second on a core of the
-//! 2-core VM; most of the time goes to first-touch page faults, since
-//! every page of every block is written.
+//! Speed: 72,404 inputs in `scripts/fuzz.sh 60 medium_ops` (1,186 a
+//! second; about 2,000 a second early in a run from an empty corpus, the
+//! rate falling as inputs grow). First-touch page faults were most of the
+//! time, hence the sampled pages; each thread spawned and joined costs
+//! about a millisecond of wall time on the loaded VM, hence [`THREADS`].
 #![no_main]
 
 use core::alloc::Layout;
@@ -112,6 +116,9 @@ enum Size {
     Medium(u32),
     /// Below 4 KiB.
     Small(u16),
+    /// The size of the block in this slot (blocks of one class are
+    /// neighbours in their span), or an edge where it is empty.
+    Like(u8),
 }
 
 const EDGES: [usize; 24] = [
@@ -142,9 +149,13 @@ const EDGES: [usize; 24] = [
 ];
 
 impl Size {
-    fn bytes(self, api: Api) -> usize {
+    fn bytes(self, api: Api, slots: &[Option<Block>; SLOTS]) -> usize {
         let header = if api == Api::Mkl { MKL_HEADER } else { 0 };
         let n = match self {
+            Size::Like(i) => match slots[i as usize % SLOTS] {
+                Some(b) => b.size,
+                None => EDGES[i as usize % EDGES.len()],
+            },
             Size::Edge(i) => EDGES[i as usize % EDGES.len()],
             Size::Class { k, step } => {
                 let b = class_block(k as usize % CLASS_PAGES.len()) - header;
@@ -217,7 +228,8 @@ enum Op {
     },
     Point(Point),
     /// A second thread frees the blocks of up to 4 of the slots whose bit
-    /// is set, and is joined.
+    /// is set, and is joined (the first [`THREADS`] of an input; later
+    /// ones do nothing).
     CrossFree {
         slots: u32,
     },
@@ -306,11 +318,15 @@ unsafe extern "C" {
     fn libc_free(p: *mut c_void);
 }
 
-/// Above this size only a block's edges and its page boundaries are
-/// written and checked (every page is still touched).
+/// Above this size only a block's first and last [`EDGE`] bytes are
+/// written and checked, and [`WINDOW`] bytes either side of every
+/// [`STRIDE`]th page boundary between (where the heap shares, purges and
+/// zeroes pages: at a block's edges; its inner pages are sampled, not all
+/// touched, since first-touch page faults were most of a run's time).
 const FULL: usize = 32 * KIB;
 const EDGE: usize = 8 * KIB;
 const WINDOW: usize = 64;
+const STRIDE: usize = 8;
 
 /// The ranges (offset, length) of a block of `len` bytes at `addr` that
 /// are written and checked.
@@ -325,7 +341,7 @@ fn ranges(addr: usize, len: usize, mut f: impl FnMut(usize, usize)) {
     let mut b = (addr + EDGE).next_multiple_of(PAGE) - addr;
     while b + WINDOW <= len - EDGE {
         f(b - WINDOW, 2 * WINDOW);
-        b += PAGE;
+        b += STRIDE * PAGE;
     }
     f(len - EDGE, EDGE);
 }
@@ -418,7 +434,14 @@ struct State {
     changed: bool,
     /// Whether the input called MKL (`MklAllocator`).
     mkl_used: bool,
+    /// Threads spawned so far.
+    threads: usize,
 }
+
+/// Threads an input may spawn: a spawn and a join cost about a
+/// millisecond of wall time on a loaded 2-core VM (the new thread waits to
+/// be scheduled), a hundred times an operation's.
+const THREADS: usize = 2;
 
 impl State {
     fn next_fill(&mut self, slot: usize) -> u8 {
@@ -451,7 +474,7 @@ fn alloc(
     align: Align,
 ) {
     free_slot(init, st, slot);
-    let n = size.bytes(api);
+    let n = size.bytes(api, &st.slots);
     let align = match align {
         Align::A8 => 8,
         Align::A64 => 64,
@@ -510,7 +533,7 @@ fn resize(init: &Init, st: &mut State, slot: usize, size: Size, zeroed: bool) {
     let Some(mut b) = st.slots[slot] else {
         return;
     };
-    let n = size.bytes(b.api);
+    let n = size.bytes(b.api, &st.slots);
     check_block(&b, "before resize");
     let exact = b.api == Api::Hook && init.medium;
     let before = if exact { live() } else { 0 };
@@ -614,6 +637,9 @@ fn restore_budget(init: &Init) {
 }
 
 fn cross_free(init: &'static Init, st: &mut State, mask: u32) {
+    if st.threads == THREADS {
+        return;
+    }
     let mut batch = Vec::new();
     for slot in 0..SLOTS {
         if batch.len() == 4 {
@@ -629,6 +655,7 @@ fn cross_free(init: &'static Init, st: &mut State, mask: u32) {
     if batch.is_empty() {
         return;
     }
+    st.threads += 1;
     let before = live();
     let hooks_only = batch.iter().all(|b| b.api == Api::Hook);
     let freed: usize = batch.iter().map(medium_of).sum();
@@ -658,6 +685,7 @@ fuzz_target!(|ops: Vec<Op>| {
         fills: 0,
         changed: false,
         mkl_used: false,
+        threads: 0,
     };
     for op in ops.into_iter().take(256) {
         match op {

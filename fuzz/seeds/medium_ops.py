@@ -12,7 +12,7 @@ import os
 import struct
 
 OP = ["Alloc", "Free", "Resize", "Point", "CrossFree"]
-SIZE = ["Edge", "Class", "Medium", "Small"]
+SIZE = ["Edge", "Class", "Medium", "Small", "Like"]
 API = ["Mkl", "Hook"]
 ALIGN = ["A8", "A64", "A4096"]
 POINT = ["Decay0", "Decay1", "DecayDefault", "FreeBuffers", "BudgetOff",
@@ -28,7 +28,7 @@ def variant(table, name):
 
 def size(kind, *args):
     b = variant(SIZE, kind)
-    if kind == "Edge":
+    if kind in ("Edge", "Like"):
         b += bytes([args[0]])
     elif kind == "Class":
         b += bytes([args[0], args[1]])
@@ -66,6 +66,8 @@ def seq(*ops):
 
 # Class 2 (12 KiB + 128): three neighbours back to back in their span.
 C2 = size("Class", 2, 0)
+# The size of the block in slot 0.
+LIKE0 = size("Like", 0)
 SEEDS = {
     # A block between two live neighbours given back by the decay (the
     # decay time set to 0, then a medium allocation), then taken again
@@ -76,9 +78,8 @@ SEEDS = {
         alloc(1, C2, zeroed=True), point("DecayDefault")),
     # The same through free_buffers(), two classes, MklAllocator too.
     "free_buffers_between_live": seq(
-        alloc(0, size("Class", 20, 0)), alloc(1, size("Class", 20, 0)),
-        alloc(2, size("Class", 20, 0)), alloc(4, C2, "Mkl"),
-        alloc(5, C2, "Mkl"), free(1), free(4), point("FreeBuffers"),
+        alloc(0, size("Class", 20, 0)), alloc(1, LIKE0), alloc(2, LIKE0),
+        alloc(4, C2, "Mkl"), alloc(5, C2, "Mkl"), free(1), free(4), point("FreeBuffers"),
         alloc(1, size("Class", 20, 0), zeroed=True),
         alloc(4, C2, "Mkl", zeroed=True)),
     # MklAllocator across the boundaries: small, 4 KiB, 1 MiB, above.
