@@ -48,8 +48,8 @@ echo "fuzz: built in $(( $(date +%s) - start ))s"
 export LSAN_OPTIONS="suppressions=$PWD/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 # The targets run side by side (libFuzzer is one thread each; on CI's two
-# cores three targets take 60 s of wall time instead of 180, each with
-# about two thirds of a core), then each log is read.
+# cores four targets take 60 s of wall time instead of 240, each with
+# about half a core), then each log is read.
 pids=()
 for t in "${targets[@]}"; do
   mkdir -p "$corpus_root/$t"
