@@ -4,7 +4,8 @@
 # non-zero and leaves the input in fuzz/artifacts/<target>/).
 #
 # Usage: scripts/fuzz.sh [SECONDS] [target ...]
-#   Targets (fuzz/fuzz_targets/): shared_vec_ops, serde_de, alloc_ops.
+#   Targets (fuzz/fuzz_targets/): shared_vec_ops, serde_de, alloc_ops,
+#   medium_ops.
 #
 # Needs a nightly toolchain (libFuzzer and AddressSanitizer flags): where
 # none is installed the script says so and skips. Installs cargo-fuzz
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(shared_vec_ops serde_de alloc_ops)
+[ ${#targets[@]} -gt 0 ] || targets=(shared_vec_ops serde_de alloc_ops medium_ops)
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
   echo "fuzz: no nightly toolchain here (cargo-fuzz needs nightly for -Zsanitizer and libFuzzer); skipped"
@@ -47,8 +48,8 @@ echo "fuzz: built in $(( $(date +%s) - start ))s"
 export LSAN_OPTIONS="suppressions=$PWD/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 # The targets run side by side (libFuzzer is one thread each; on CI's two
-# cores three targets take 60 s of wall time instead of 180, each with
-# about two thirds of a core), then each log is read.
+# cores four targets take 60 s of wall time instead of 240, each with
+# about half a core), then each log is read.
 pids=()
 for t in "${targets[@]}"; do
   mkdir -p "$corpus_root/$t"
