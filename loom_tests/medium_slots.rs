@@ -20,9 +20,21 @@
 //!   from before the sweep's exchange (a relaxed load, not ordered after
 //!   its own store: loom lets it read the older value, as a store buffer
 //!   does on x86), so it leaves the word down and no later sweep looks.
-//!   Checked by hand: with the sweep's exchange replaced by a store of 0,
-//!   this model fails.
+//!   Checked by hand (2026-12-07): with the sweep's exchange replaced by
+//!   a store of 0 (the old code), or by a swap to 0, this model fails,
+//!   and loom's failing interleaving is that one; the other two pass with
+//!   the store of 0 (their later parks raise the word again, or their
+//!   exit gives the block back).
 //!
+//! A park's writes (the block, the word) are swaps under loom, plain
+//! stores otherwise (`publish!` in `slots.rs`): loom leaves a plain store
+//! and a concurrent swap unordered, and would then show a final sweep the
+//! sweep's null after the parked block, a lost block no real execution
+//! has (tokio-rs/loom issues 254 and 389). The first version of these
+//! models, with plain stores, failed so in two of the three.
+//!
+//! Explored without a preemption bound (every interleaving): about 2 s
+//! for the three in release on the shared 2-core machine.
 //! The links between slots are loom's checked cells here, so every access
 //! to them outside the registry's lock would be reported as a race.
 //!
@@ -104,6 +116,7 @@ fn final_sweeps(r: &Registry, slots: &[&Owned], freed: &mut Vec<usize>) {
     assert!(!r.any(), "two sweeps without a park lower the word to zero");
 }
 
+/// Every interleaving (the models are small enough for no bound).
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = None;
