@@ -557,15 +557,23 @@ mod instance {
         FORK_TAKEN.store(taken, Relaxed);
     }
 
-    /// The parent's and the child's handler: releases what
-    /// [`lock_for_fork`] took.
+    /// The parent's and the child's handler (`child`): releases what
+    /// [`lock_for_fork`] took. In the child, only the forking thread's
+    /// slots stay on the registry (the other threads' storage is gone),
+    /// their blocks given back to the heap.
     #[cfg_attr(windows, allow(dead_code))]
-    pub(crate) fn unlock_after_fork() {
+    pub(crate) fn unlock_after_fork(child: bool) {
         let taken = FORK_TAKEN.swap(0, Relaxed);
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.
         unsafe { HEAP.unlock_after_fork(taken) };
         if SLOTS_TAKEN.swap(false, Relaxed) {
+            if child {
+                // SAFETY: the child's handler (its only thread), the
+                // registry's lock taken by lock_for_fork, the heap's
+                // released above.
+                unsafe { slots::keep_only_this_thread() };
+            }
             // SAFETY: as above: taken by lock_for_fork.
             unsafe { slots::unlock_after_fork() };
         }

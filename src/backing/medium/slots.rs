@@ -12,8 +12,10 @@
 //! reports the calling thread's as dirty. A thread's slots go back to the
 //! heap when it exits; `empty` (`free_buffers`) sweeps them all. The
 //! registry's lock is taken by the fork handler first, so a child finds
-//! every thread's slots on it (the forking thread's in use, the others'
-//! swept by its next decay).
+//! the registry whole; the child's handler keeps the forking thread's
+//! slots alone on it and gives the others' blocks back to the heap (their
+//! threads' storage is the C library's to reuse: see
+//! [`Registry::keep_only_in_child`]).
 //!
 //! The logic is [`Slots`] (one thread's) and [`Registry`] (every thread's,
 //! and the word that lets the decay skip it), which give blocks back
@@ -328,6 +330,52 @@ impl Registry {
         true
     }
 
+    /// In a forked child, every thread's slots but `own` leave the
+    /// registry, their blocks passed to `free`. Their threads do not exist
+    /// in the child, and their storage is the C library's to reuse or
+    /// unmap: a thread the child starts may get a dead thread's stack, its
+    /// thread-locals set afresh in place, and left on the list those slots
+    /// would link themselves after themselves at their first park, and the
+    /// next sweep would never end.
+    ///
+    /// # Safety
+    /// The calling thread is a forked child's only one, in its fork
+    /// handler (no other thread started yet), and holds the lock
+    /// ([`lock_for_fork`](Self::lock_for_fork) returned `true`); `own` is
+    /// its slots, or null.
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn keep_only_in_child(
+        &self,
+        own: *const Slots,
+        mut free: impl FnMut(usize, *mut u8),
+    ) {
+        let mut kept = false;
+        let mut s = self.head.load(Relaxed).cast_const();
+        while !s.is_null() {
+            // SAFETY: the parent's threads' slots, in the child's copy of
+            // their storage (untouched: no thread started since the fork);
+            // the lock held (the caller's contract).
+            let slots = unsafe { &*s };
+            // SAFETY: as above.
+            let next = unsafe { get(&slots.next) };
+            if s == own {
+                kept = true;
+            } else {
+                slots.give_back(&mut free);
+            }
+            s = next;
+        }
+        if kept {
+            // SAFETY: this thread's slots, the lock held.
+            unsafe {
+                set(&(*own).next, ptr::null());
+                set(&(*own).prev, ptr::null());
+            }
+        }
+        let head = if kept { own } else { ptr::null() };
+        self.head.store(head.cast_mut(), Relaxed);
+    }
+
     /// # Safety
     /// [`lock_for_fork`](Self::lock_for_fork) returned `true`, in this
     /// thread (or its copy).
@@ -446,6 +494,25 @@ mod process {
         REGISTRY.lock_for_fork()
     }
 
+    /// The child's fork handler, before [`unlock_after_fork`]: only this
+    /// thread's slots stay on the registry; the other threads' blocks go
+    /// back to the heap (see [`Registry::keep_only_in_child`]).
+    ///
+    /// # Safety
+    /// A forked child's fork handler, [`lock_for_fork`] having returned
+    /// `true`; the heap's locks released.
+    pub(crate) unsafe fn keep_only_this_thread() {
+        // This thread's slots (their first use here registers their
+        // destructor, as at any first park).
+        let own = SLOTS
+            .try_with(|s| core::ptr::from_ref(&s.0))
+            .unwrap_or(core::ptr::null());
+        let when = crate::sys::now_ms();
+        // SAFETY: the caller's contract; the registry passes each parked
+        // block on once.
+        unsafe { REGISTRY.keep_only_in_child(own, |_, p| free(p, when)) };
+    }
+
     /// # Safety
     /// [`lock_for_fork`] returned `true`, in this thread (or its copy).
     pub(crate) unsafe fn unlock_after_fork() {
@@ -518,5 +585,39 @@ mod tests {
         assert!(r.is_empty());
         freed.sort_unstable();
         assert_eq!(freed, [block(3, 1).addr(), block(4, 0).addr()]);
+    }
+
+    /// A forked child's handler keeps its own slots alone on the registry,
+    /// whatever their place in it, and gives the others' blocks back.
+    #[test]
+    fn a_child_keeps_only_its_own_slots() {
+        for own in 0..3 {
+            let r = Registry::new();
+            let slots = [Slots::new(), Slots::new(), Slots::new()];
+            for (i, s) in slots.iter().enumerate() {
+                // SAFETY: this thread's slots, on its stack, leaving (or
+                // dropped from the registry) before they go.
+                unsafe { assert!(r.put(s, 0, block(i + 1, 0))) };
+            }
+            let mut freed = Vec::new();
+            assert!(r.lock_for_fork());
+            // SAFETY: the lock held; no other thread touches `r`.
+            unsafe {
+                r.keep_only_in_child(&slots[own], |_, p| freed.push(p.addr()));
+                r.unlock_after_fork();
+            }
+            let mut want: Vec<usize> = (0..3)
+                .filter(|&i| i != own)
+                .map(|i| block(i + 1, 0).addr())
+                .collect();
+            freed.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(freed, want);
+            r.sweep(|_, p| freed.push(p.addr()));
+            assert_eq!(freed.len(), 3, "the kept slots are swept");
+            // SAFETY: `own`'s slots, this thread's.
+            unsafe { r.leave(&slots[own], |_, _| {}) };
+            assert!(r.is_empty());
+        }
     }
 }
