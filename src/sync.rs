@@ -11,14 +11,14 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
@@ -44,7 +44,7 @@ pub(crate) struct UnsafeCell<T> {
 #[cfg(not(loom))]
 impl<T> UnsafeCell<T> {
     #[inline(always)]
-    pub(crate) fn new(value: T) -> Self {
+    pub(crate) const fn new(value: T) -> Self {
         Self {
             inner: core::cell::UnsafeCell::new(value),
         }

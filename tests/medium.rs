@@ -885,3 +885,79 @@ fn fork_child() {
     STOP.store(true, Relaxed);
     churn.join().unwrap();
 }
+
+/// A forked child's first new thread may get the stack of a thread of the
+/// parent (the C library keeps the dead threads' stacks for reuse), its
+/// thread-locals set afresh in place: the slots of a thread that parked a
+/// block in the parent, if still on the child's registry, would link
+/// themselves after themselves at the new thread's first park, and the
+/// child's next sweep would never end (it did, before the child's fork
+/// handler kept the forking thread's slots alone on the registry).
+#[test]
+#[cfg_attr(miri, ignore = "starts child processes")]
+#[cfg_attr(not(target_os = "linux"), ignore = "fork")]
+fn a_forked_childs_new_thread_on_a_dead_threads_stack_parks_and_sweeps() {
+    run_alone("fork_slots_child", &[]);
+}
+
+#[test]
+#[ignore = "run by a_forked_childs_new_thread_on_a_dead_threads_stack_parks_and_sweeps in a child process"]
+#[cfg(target_os = "linux")]
+fn fork_slots_child() {
+    if !medium_here() {
+        return;
+    }
+    let l = Layout::from_size_align(48 * KIB, 64).unwrap();
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    // Parks a block (its slots registered last: the registry's first),
+    // then waits, alive, through the fork.
+    let t = std::thread::spawn(move || {
+        // SAFETY: a non-zero layout, freed once.
+        unsafe { MklAllocator.dealloc(MklAllocator.alloc(l), l) };
+        parked_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+    });
+    parked_rx.recv().unwrap();
+    // SAFETY: the child starts a thread, allocates, frees, and leaves with
+    // _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // Of the same stack size as `t`: glibc hands it `t`'s stack.
+        std::thread::spawn(move || {
+            // SAFETY: as above.
+            unsafe { MklAllocator.dealloc(MklAllocator.alloc(l), l) };
+        })
+        .join()
+        .unwrap();
+        manager::free_buffers();
+        let parked = manager::stats().medium_live_bytes;
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(if parked == 0 { 0 } else { 3 }) };
+    }
+    let mut status = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let hung = loop {
+        // SAFETY: waits for our own child, without blocking.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break false;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: our own child, stuck.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    go_tx.send(()).unwrap();
+    t.join().unwrap();
+    assert!(!hung, "the forked child hung in its sweep");
+    assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child kept medium blocks live after free_buffers (the parent thread's parked one)"
+    );
+}

@@ -842,7 +842,7 @@ mod instance {
     /// word first), releasing what [`lock_for_fork`] took.
     #[cfg_attr(windows, allow(dead_code))] // no fork on Windows
     pub(crate) fn unlock_after_fork(child: bool) {
-        medium::unlock_after_fork();
+        medium::unlock_after_fork(child);
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.
         unsafe { CACHE.unlock_after_fork(child) }

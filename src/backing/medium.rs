@@ -104,6 +104,7 @@ pub(crate) mod heap;
 pub(crate) mod lock;
 #[cfg(target_os = "linux")]
 mod region;
+pub(crate) mod slots;
 
 #[cfg(not(loom))]
 pub(crate) use instance::*;
@@ -140,11 +141,12 @@ mod instance {
     use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
     use super::heap::{Env, Heap};
+    use super::slots::{self, SLOT_CLASSES};
     use super::{LET_GO, class};
     use crate::backing::block_cache;
 
     /// The process's medium heap (its region set at the first request).
-    static HEAP: Heap = Heap::new();
+    pub(super) static HEAP: Heap = Heap::new();
 
     /// 0: on (the region reserved at the first request), 1: off (no
     /// region could be reserved), 2: off (`MKL_ALLOC_MEDIUM=off`), 3: off
@@ -185,7 +187,7 @@ mod instance {
     static DIRTY: AtomicUsize = AtomicUsize::new(0);
 
     /// The budget and the purge beneath the process's heap.
-    struct Global;
+    pub(super) struct Global;
 
     impl Env for Global {
         #[inline(always)]
@@ -328,265 +330,7 @@ mod instance {
         None
     }
 
-    /// Classes below this one (blocks up to 256 KiB + 128 B) have a slot
-    /// in each thread: at most 1.6 MiB a thread, until the next decay.
-    const SLOT_CLASSES: usize = 20;
     const _: () = assert!(class::PAGES[SLOT_CLASSES - 1] == 64);
-
-    /// Each thread's last freed block of each small medium class, kept for
-    /// its next allocation of that class (up to 256 KiB): a thread that frees and
-    /// allocates in turn (a loop over temporaries) does both without the
-    /// heap's locks or any shared write (a plain store to park, one
-    /// uncontended swap to take). A slot holds one block; a second free of
-    /// the class while it is taken goes to the heap.
-    ///
-    /// Every thread's slots are on a registry, so that the decay (any
-    /// thread's, the background thread's) takes parked blocks from every
-    /// thread: an idle thread keeps none past the decay time. A parked
-    /// block counts as live in the heap's figures (MKL counts it freed);
-    /// `figures` reports the calling thread's as dirty. A thread's slots go
-    /// back to the heap when it exits; `empty` (`free_buffers`) sweeps them
-    /// all. The registry's lock is taken by the fork handler first, so a
-    /// child finds every thread's slots on it (the forking thread's in use,
-    /// the others' swept by its next decay).
-    mod slots {
-        use core::cell::Cell;
-        use core::ptr;
-        use core::sync::atomic::{
-            AtomicPtr, AtomicU8, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
-        };
-
-        use super::{Global, HEAP, SLOT_CLASSES};
-        use crate::backing::medium::lock::SpinLock;
-
-        pub(super) struct Slots {
-            blocks: [AtomicPtr<u8>; SLOT_CLASSES],
-            /// The registry's links (under its lock), and whether this
-            /// thread's slots are on it.
-            next: Cell<*const Slots>,
-            prev: Cell<*const Slots>,
-            on: Cell<bool>,
-        }
-
-        impl Drop for Slots {
-            fn drop(&mut self) {
-                if self.on.get() {
-                    let _g = Held::take();
-                    // SAFETY: on the registry, under its lock.
-                    unsafe { unlink(self) };
-                }
-                give_back(self, crate::sys::now_ms());
-            }
-        }
-
-        std::thread_local! {
-            static SLOTS: Slots = const {
-                Slots {
-                    blocks: [const { AtomicPtr::new(ptr::null_mut()) }; SLOT_CLASSES],
-                    next: Cell::new(ptr::null()),
-                    prev: Cell::new(ptr::null()),
-                    on: Cell::new(false),
-                }
-            };
-        }
-
-        /// The registry: every thread's slots that ever parked a block, a
-        /// list under `LOCK` (taken outside every heap lock; the fork
-        /// handler takes it first).
-        static LOCK: SpinLock = SpinLock::new();
-
-        std::thread_local! {
-            /// Whether this thread is taking or holds `LOCK` (for a fork
-            /// from a signal handler that interrupted it).
-            static HELD: Cell<bool> = const { Cell::new(false) };
-        }
-
-        /// `LOCK` held; released when dropped.
-        struct Held;
-
-        impl Held {
-            fn take() -> Held {
-                let _ = HELD.try_with(|h| h.set(true));
-                LOCK.lock_raw();
-                Held
-            }
-        }
-
-        impl Drop for Held {
-            fn drop(&mut self) {
-                // SAFETY: taken by `Held::take` in this thread.
-                unsafe { LOCK.force_unlock() };
-                let _ = HELD.try_with(|h| h.set(false));
-            }
-        }
-        /// Whether a block may be parked in some thread: [`PARKED`] after a
-        /// park, lowered by one at each sweep; 0 (nothing to sweep) only
-        /// after two sweeps in a row with no park between. One would do
-        /// if a park's slot store and its read of this word were ordered,
-        /// but they are not (a fence on every free would cost more than
-        /// the slot saves): a thread may park a block the sweep just
-        /// missed (its store not yet visible) and read the word from
-        /// before the sweep lowered it, and so not raise it again. The
-        /// second sweep, a quarter of the decay time later, sees the block.
-        static ANY: AtomicU8 = AtomicU8::new(0);
-
-        /// [`ANY`]'s value after a park.
-        const PARKED: u8 = 2;
-
-        /// Whether a block may be parked in any thread (a snapshot).
-        #[inline]
-        pub(super) fn any() -> bool {
-            ANY.load(Relaxed) != 0
-        }
-
-        /// The registry's first entry: written under LOCK, read under it
-        /// (and peeked at without it, atomically, by `sweep`).
-        static HEAD: AtomicPtr<Slots> = AtomicPtr::new(ptr::null_mut());
-
-        /// # Safety
-        /// `s` is on the registry; LOCK is held.
-        unsafe fn unlink(s: &Slots) {
-            let (next, prev) = (s.next.get(), s.prev.get());
-            // SAFETY: the registry's entries are live threads' slots
-            // (unlinked before their thread's storage goes), under LOCK.
-            unsafe {
-                if prev.is_null() {
-                    HEAD.store(next.cast_mut(), Relaxed);
-                } else {
-                    (*prev).next.set(next);
-                }
-                if !next.is_null() {
-                    (*next).prev.set(prev);
-                }
-            }
-            s.on.set(false);
-        }
-
-        /// This thread's parked block of class `k`, if it has one.
-        #[inline(always)]
-        pub(super) fn take(k: usize) -> Option<*mut u8> {
-            SLOTS
-                .try_with(|s| {
-                    let slot = &s.blocks[k];
-                    if slot.load(Relaxed).is_null() {
-                        return ptr::null_mut();
-                    }
-                    slot.swap(ptr::null_mut(), Acquire)
-                })
-                .ok()
-                .filter(|p| !p.is_null())
-        }
-
-        /// Parks the freed block `p` of class `k` in this thread's slot:
-        /// `false` if the slot is taken (or the thread is exiting).
-        #[inline(always)]
-        pub(super) fn put(k: usize, p: *mut u8) -> bool {
-            SLOTS
-                .try_with(|s| {
-                    let slot = &s.blocks[k];
-                    // Only this thread stores a block; a sweep only takes
-                    // one (a swap): a plain store cannot lose a block.
-                    if !slot.load(Relaxed).is_null() {
-                        return false;
-                    }
-                    if !s.on.get() {
-                        register(s);
-                    }
-                    slot.store(p, Release);
-                    // Read-shared: written only when it changes (once a
-                    // sweep, by the threads that park after it).
-                    if ANY.load(Relaxed) != PARKED {
-                        ANY.store(PARKED, Relaxed);
-                    }
-                    true
-                })
-                .unwrap_or(false)
-        }
-
-        #[cold]
-        #[inline(never)]
-        fn register(s: &Slots) {
-            let _g = Held::take();
-            let head = HEAD.load(Relaxed);
-            s.next.set(head);
-            s.prev.set(ptr::null());
-            if !head.is_null() {
-                // SAFETY: a live thread's slots, on the registry, LOCK held.
-                unsafe { (*head).prev.set(s) };
-            }
-            HEAD.store(ptr::from_ref(s).cast_mut(), Relaxed);
-            s.on.set(true);
-        }
-
-        /// Bytes in this thread's parked blocks.
-        pub(super) fn parked() -> usize {
-            SLOTS
-                .try_with(|s| {
-                    (0..SLOT_CLASSES)
-                        .filter(|&k| !s.blocks[k].load(Relaxed).is_null())
-                        .map(crate::backing::medium::class::size)
-                        .sum()
-                })
-                .unwrap_or(0)
-        }
-
-        /// Gives every thread's parked blocks back to the heap, as freed at
-        /// `when` (ms).
-        pub(super) fn sweep(when: usize) {
-            if ANY.load(Relaxed) == 0 {
-                return; // nothing parked since the last two sweeps
-            }
-            let _g = Held::take();
-            // Under LOCK, so sweeps do not race each other; a park that
-            // raised the word meanwhile keeps it raised (the exchange
-            // fails).
-            let any = ANY.load(Relaxed);
-            if any != 0 {
-                let _ = ANY.compare_exchange(any, any - 1, Relaxed, Relaxed);
-            }
-            let mut s: *const Slots = HEAD.load(Relaxed);
-            while !s.is_null() {
-                // SAFETY: a live thread's slots, on the registry, LOCK held.
-                let slots = unsafe { &*s };
-                give_back(slots, when);
-                s = slots.next.get();
-            }
-        }
-
-        fn give_back(s: &Slots, when: usize) {
-            for slot in &s.blocks {
-                let p = slot.swap(ptr::null_mut(), Acquire);
-                if !p.is_null() {
-                    // SAFETY: a block freed to the slot (no longer its
-                    // owner's), taken out of it by the swap: freed once.
-                    unsafe { HEAP.free(p, when, &Global) };
-                }
-            }
-        }
-
-        /// The fork handlers': the registry's lock.
-        pub(super) fn lock_for_fork() -> bool {
-            // A fork from a signal handler that interrupted this thread
-            // while it held the lock: not waited for (see `lock`).
-            if HELD.try_with(Cell::get).unwrap_or(false) {
-                return (0..1000).any(|_| {
-                    LOCK.try_lock_raw() || {
-                        std::thread::yield_now();
-                        false
-                    }
-                });
-            }
-            LOCK.lock_raw();
-            true
-        }
-
-        /// # Safety
-        /// [`lock_for_fork`] returned `true`, in this thread (or its copy).
-        pub(super) unsafe fn unlock_after_fork() {
-            // SAFETY: the caller's contract.
-            unsafe { LOCK.force_unlock() };
-        }
-    }
 
     /// Reserves the region, once: `false` if medium blocks are off or
     /// none can be had. Racing threads each reserve one; the first to set
@@ -813,15 +557,23 @@ mod instance {
         FORK_TAKEN.store(taken, Relaxed);
     }
 
-    /// The parent's and the child's handler: releases what
-    /// [`lock_for_fork`] took.
+    /// The parent's and the child's handler (`child`): releases what
+    /// [`lock_for_fork`] took. In the child, only the forking thread's
+    /// slots stay on the registry (the other threads' storage is gone),
+    /// their blocks given back to the heap.
     #[cfg_attr(windows, allow(dead_code))]
-    pub(crate) fn unlock_after_fork() {
+    pub(crate) fn unlock_after_fork(child: bool) {
         let taken = FORK_TAKEN.swap(0, Relaxed);
         // SAFETY: called by the fork handlers, in the thread that ran
         // lock_for_fork (or its copy in the child), once after it.
         unsafe { HEAP.unlock_after_fork(taken) };
         if SLOTS_TAKEN.swap(false, Relaxed) {
+            if child {
+                // SAFETY: the child's handler (its only thread), the
+                // registry's lock taken by lock_for_fork, the heap's
+                // released above.
+                unsafe { slots::keep_only_this_thread() };
+            }
             // SAFETY: as above: taken by lock_for_fork.
             unsafe { slots::unlock_after_fork() };
         }

@@ -101,12 +101,14 @@ use core::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 
 pub(crate) use budget::default_budget;
 
-// The loom model's way into the medium heap (`loom_tests/medium.rs`).
+// The loom models' way into the medium heap (`loom_tests/medium.rs`) and
+// its per-thread slots (`loom_tests/medium_slots.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use medium::{
     class::{CLASSES as MEDIUM_CLASSES, size as medium_class_size},
     heap::{Env as MediumEnv, Heap as MediumHeap, SPAN as MEDIUM_SPAN},
+    slots::{Registry as SlotsRegistry, SLOT_CLASSES as MEDIUM_SLOT_CLASSES, Slots as MediumSlots},
 };
 
 /// The granule of a chunk's size (one 4 KiB page): a chunk's last partial
