@@ -556,8 +556,11 @@ fn smaps_shows_huge_pages_after_growth() {
     assert!(kib > 0, "a grown block is not on huge pages");
     huge_pages::disable();
 
-    // Off, under `madvise`: the same growth gets no huge pages at all.
+    // Off, under `madvise`: the same growth gets no huge pages at all, on
+    // fresh chunks (the cache emptied first: a cached chunk that `v`'s
+    // growth left, advised, keeps its advice when reused).
     if huge_pages::status() == Status::Madvise {
+        mkl_alloc::manager::free_buffers();
         let mut w: allocator_api2::vec::Vec<f64, MklAllocator> =
             allocator_api2::vec::Vec::new_in(MklAllocator);
         for i in 0..(8 << 20) {
