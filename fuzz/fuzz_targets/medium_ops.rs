@@ -69,20 +69,22 @@ const PAGE: usize = 4096;
 const MKL_HEADER: usize = 88;
 const SLOTS: usize = 32;
 
-/// The medium classes' block sizes (`src/backing/medium/class.rs`): whole
-/// pages plus 128 bytes, a page apart up to 32 KiB, four per doubling up
-/// to 896 KiB, then 1 MiB.
-const CLASS_PAGES: [usize; 28] = [
-    1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160,
-    192, 224, 256,
-];
+/// The medium classes' block sizes (`src/backing/medium/class.rs`): eight
+/// per doubling from 4 KiB to 32 KiB, four per doubling up to 896 KiB, each
+/// plus 128 bytes, then 1 MiB.
+const CLASSES: usize = 45;
 
 fn class_block(k: usize) -> usize {
-    if k == CLASS_PAGES.len() - 1 {
-        MIB
-    } else {
-        CLASS_PAGES[k] * PAGE + 128
+    if k == CLASSES - 1 {
+        return MIB;
     }
+    let (doubling, step, per) = if k < 24 {
+        (k / 8, k % 8, 8)
+    } else {
+        (3 + (k - 24) / 4, (k - 24) % 4, 4)
+    };
+    let base = PAGE << doubling;
+    base + base / per * step + 128
 }
 
 /// The block size the medium heap serves a request of `n` bytes beneath
@@ -91,7 +93,7 @@ fn medium_size(n: usize) -> usize {
     if !(PAGE..MIB).contains(&n) {
         return 0;
     }
-    (0..CLASS_PAGES.len())
+    (0..CLASSES)
         .map(class_block)
         .find(|&b| b >= n)
         .unwrap()
@@ -158,7 +160,7 @@ impl Size {
             },
             Size::Edge(i) => EDGES[i as usize % EDGES.len()],
             Size::Class { k, step } => {
-                let b = class_block(k as usize % CLASS_PAGES.len()) - header;
+                let b = class_block(k as usize % CLASSES) - header;
                 match step % 8 {
                     0 => b,
                     1 => b - 1,

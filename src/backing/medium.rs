@@ -21,9 +21,9 @@
 //! hooks, as before). It stays one range of addresses, so telling whether
 //! a freed pointer is a medium block is one subtraction and a comparison,
 //! made before the chunk table's lookup. The region is carved into spans
-//! of 4 MiB, handed bump-style to 28 size classes (`class`: whole pages
-//! plus 128 bytes, room for MKL's header, 4, 8, ..., 32 KiB a page apart,
-//! then four per doubling up to 1 MiB; a request takes the smallest class
+//! of 4 MiB, handed bump-style to 45 size classes (`class`: eight per
+//! doubling from 4 to 32 KiB, then four up to 1 MiB, each plus 128 bytes,
+//! room for MKL's header; a request takes the smallest class
 //! that holds it; blocks lie back to back, 64-byte aligned, so that a
 //! 4 KiB array is resident at 4 KiB + 128 B, and a block's pages past
 //! what its owner touches never become resident; a page two blocks share
@@ -138,7 +138,7 @@ use super::{MIN_CHUNK, block_cache};
 
 #[cfg(not(loom))]
 mod instance {
-    use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering::Relaxed};
+    use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
     use super::heap::{Env, Heap};
     use super::slots::{self, SLOT_CLASSES};
@@ -167,7 +167,7 @@ mod instance {
     static NEXT_SWEEP: AtomicUsize = AtomicUsize::new(0);
 
     /// The classes the fork handler locked (bit `k`: class `k`).
-    static FORK_TAKEN: AtomicU32 = AtomicU32::new(0);
+    static FORK_TAKEN: AtomicU64 = AtomicU64::new(0);
 
     /// Whether the fork handler took the slots' registry lock.
     static SLOTS_TAKEN: AtomicBool = AtomicBool::new(false);
@@ -330,7 +330,7 @@ mod instance {
         None
     }
 
-    const _: () = assert!(class::PAGES[SLOT_CLASSES - 1] == 64);
+    const _: () = assert!(class::size(SLOT_CLASSES - 1) == (256 << 10) + class::HEADROOM);
 
     /// Reserves the region, once: `false` if medium blocks are off or
     /// none can be had. Racing threads each reserve one; the first to set
@@ -534,7 +534,7 @@ mod instance {
     /// (clean): a snapshot.
     ///
     /// The calling thread's parked blocks (see `slots`) count as dirty
-    /// (free, resident); other threads' as live (at most 1.6 MiB a
+    /// (free, resident); other threads' as live (at most 1.8 MiB a
     /// thread, until the next decay: the heap cannot tell them from blocks
     /// in use).
     pub(crate) fn figures() -> (usize, usize, usize) {

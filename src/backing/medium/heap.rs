@@ -126,11 +126,11 @@ const FLIGHT_MAX: usize = 3 * BATCH;
 /// The rare lock's bit in what [`Heap::lock_for_fork`] took (above every
 /// class's).
 #[cfg(not(loom))]
-const RARE_BIT: u32 = 1 << 31;
+const RARE_BIT: u64 = 1 << 63;
 /// The pool's lock's bit.
 #[cfg(not(loom))]
-const POOL_BIT: u32 = 1 << 30;
-const _: () = assert!(CLASSES < 30);
+const POOL_BIT: u64 = 1 << 62;
+const _: () = assert!(CLASSES < 62);
 
 /// Blocks are named by their offset in the region in these units (64
 /// bytes: every block starts at a multiple; 128 GiB / 64 fits a `u32`).
@@ -936,7 +936,7 @@ impl Heap {
     /// (bit `k`: class `k`; [`RARE_BIT`], [`POOL_BIT`]: those locks).
     #[cfg(not(loom))]
     #[cfg_attr(windows, allow(dead_code))]
-    pub(crate) fn lock_for_fork(&self, mine: usize, mine_outer: usize, mine_inner: usize) -> u32 {
+    pub(crate) fn lock_for_fork(&self, mine: usize, mine_outer: usize, mine_inner: usize) -> u64 {
         let take = |lock: &SpinLock, own: bool| {
             if !own {
                 lock.lock_raw();
@@ -949,7 +949,7 @@ impl Heap {
                 }
             })
         };
-        let mut taken = 0u32;
+        let mut taken = 0u64;
         if take(&self.rare, ptr::from_ref(&self.rare).addr() == mine_outer) {
             taken |= RARE_BIT;
         }
@@ -974,7 +974,7 @@ impl Heap {
     /// child), once.
     #[cfg(not(loom))]
     #[cfg_attr(windows, allow(dead_code))]
-    pub(crate) unsafe fn unlock_after_fork(&self, taken: u32) {
+    pub(crate) unsafe fn unlock_after_fork(&self, taken: u64) {
         for (k, c) in self.classes.iter().enumerate() {
             if taken & (1 << k) != 0 {
                 // SAFETY: the caller's contract: held here, without a guard.

@@ -32,10 +32,10 @@ use crate::sync::{
 };
 
 /// Classes below this one (blocks up to 256 KiB + 128 B) have a slot in
-/// each thread: at most 1.6 MiB a thread, until the next decay. (Two
+/// each thread: at most 1.8 MiB a thread, until the next decay. (Two
 /// under loom: the models use no more, and each sweep swaps every slot.)
 #[cfg(not(loom))]
-pub const SLOT_CLASSES: usize = 20;
+pub const SLOT_CLASSES: usize = 37;
 #[cfg(loom)]
 pub const SLOT_CLASSES: usize = 2;
 
