@@ -152,6 +152,36 @@ impl SizePolicy {
     }
 }
 
+/// Where a setting in force came from.
+///
+/// ```
+/// use mkl_alloc::manager::Source;
+///
+/// assert_eq!(Source::Program.to_string(), "set by the program");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The crate's default: the variable unset, empty, or holding a value
+    /// the crate ignored (with a line on stderr).
+    Default,
+    /// The variable (`MKL_ALLOC_BLOCK_CACHE`, `MKL_ALLOC_HUGE_PAGES`).
+    Environment,
+    /// A call of the program's: a setter of this module or of the
+    /// setting's own module, even one that set the value the environment
+    /// gave.
+    Program,
+}
+
+impl core::fmt::Display for Source {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Source::Default => "default",
+            Source::Environment => "environment",
+            Source::Program => "set by the program",
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse, parse_switch};

@@ -137,6 +137,9 @@ pub(crate) fn setup() {
     let _ = huge_pages::threshold();
     #[cfg(not(loom))]
     backing::install();
+    // Before the fork handlers: from then on the slack's trim holds the
+    // rare-call lock, which a fork's prepare handler takes first.
+    backing::set_rare_lock(|f| fork_guard::rare(f));
     register_fork_handlers();
     // For fork only (see the module docs): Windows has none, and there the
     // setup runs at load, where an MKL allocation would leave

@@ -81,7 +81,7 @@ use core::ffi::CStr;
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 
 use crate::env::SizePolicy;
-use crate::manager::Source;
+use crate::env::Source;
 
 /// The size of an x86-64 transparent huge page (2 MiB): the granule that is
 /// advised, and the threshold `MKL_ALLOC_HUGE_PAGES=on` sets.

@@ -91,6 +91,8 @@ mod map;
 #[cfg(all(target_os = "linux", not(miri)))]
 mod map_limit;
 pub(crate) mod medium;
+#[cfg(all(test, miri))]
+mod miri_tests;
 pub(crate) mod signals;
 pub(crate) mod slack;
 mod valgrind;
@@ -121,6 +123,9 @@ pub(crate) const PAGE: usize = 4096;
 /// crate's: 1 MiB, the block cache's [`MIN_BLOCK`](block_cache::MIN_BLOCK).
 /// Below it the C runtime's heap keeps freed memory for reuse itself.
 pub const MIN_CHUNK: usize = block_cache::MIN_BLOCK;
+// Miri's model of MKL takes blocks of this size through `i_malloc`.
+#[cfg(miri)]
+const _: () = assert!(crate::ffi::LARGE == MIN_CHUNK);
 
 /// Whether MKL allocates from the crate's memory (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,12 +247,28 @@ pub(crate) fn foreign_is_anonymous() -> bool {
     return false;
 }
 
+/// The fork guard's rare-call lock, handed down by the process's setup
+/// (`set_rare_lock`) before it registers the fork handlers: the slack's
+/// trim runs under it, so that no fork copies a chunk the trim holds.
+/// Unset before the setup, when no fork handler is registered either.
+static RARE_LOCK: std::sync::OnceLock<fn(&mut dyn FnMut())> = std::sync::OnceLock::new();
+
+/// Sets the lock [`trim_slack`] runs under (once; later calls change
+/// nothing): a function that runs its argument holding it.
+#[cfg_attr(any(loom, not(any(target_os = "linux", windows))), allow(dead_code))]
+pub(crate) fn set_rare_lock(run_under: fn(&mut dyn FnMut())) {
+    let _ = RARE_LOCK.set(run_under);
+}
+
 /// Gives back the slack of live chunks while the cache and the slack hold
 /// more than `limit` bytes (see `hooks::trim_slack`), under the rare-call
 /// lock (no fork while a chunk is held by the trim).
 pub(crate) fn trim_slack(limit: usize) {
     #[cfg(all(any(target_os = "linux", windows), not(loom)))]
-    crate::fork_guard::rare(|| hooks::trim_slack(limit));
+    match RARE_LOCK.get() {
+        Some(run_under) => run_under(&mut || hooks::trim_slack(limit)),
+        None => hooks::trim_slack(limit),
+    }
     #[cfg(any(loom, not(any(target_os = "linux", windows))))]
     let _ = limit;
 }

@@ -6,7 +6,7 @@
 //! crate's setup points them at the backing's hooks, as in the real build.
 //! A block whose request with MKL's overhead, `size + align + 24` (`align`
 //! being the block's, at least 64, and 24 MKL's header), is at least
-//! [`MIN_CHUNK`](crate::backing::MIN_CHUNK) (1 MiB) is **large** and takes
+//! [`LARGE`] (1 MiB, the backing's `MIN_CHUNK`) is **large** and takes
 //! that path exactly as MKL does: `i_malloc(size + align + 24)`, the block
 //! at the first multiple of `align` at or after the memory's start + 24 (a
 //! chunk of the backing's is 2 MiB-aligned: the block is `align` bytes in,
@@ -35,6 +35,11 @@ use super::mode::Mode;
 use super::statistics::{ANY_BLOCK, account};
 use crate::ffi::{ICalloc, IFree, IMalloc, IRealloc};
 
+/// A block whose request with MKL's overhead is at least this (1 MiB) is
+/// large: MKL's model takes it through `i_malloc`, where the backing
+/// serves requests of `backing::MIN_CHUNK` and more with chunks (the
+/// backing checks that the two agree).
+pub(crate) const LARGE: usize = 1 << 20;
 /// MKL's header in front of a block it places in memory from `i_malloc`.
 pub(super) const HEADER: usize = 24;
 

@@ -10,11 +10,10 @@ use core::ptr;
 use core::sync::atomic::Ordering;
 
 use super::blocks::{live_block, not_a_block, release, table, take_block};
-use super::large::{HEADER, allocate_large, reallocate_large};
+use super::large::{HEADER, LARGE, allocate_large, reallocate_large};
 use super::mode::{Mode, mode};
 use super::placement::{MAX_SLACK, place};
 use super::statistics::{ANY_BLOCK, account};
-use crate::backing::MIN_CHUNK;
 
 /// MKL's default (and minimum) alignment.
 pub(super) const DEFAULT_ALIGN: usize = 64;
@@ -34,7 +33,7 @@ pub(super) fn allocate(size: usize, align: usize, zeroed: bool, mode: Mode) -> *
         return ptr::null_mut();
     }
     match size.checked_add(align + HEADER) {
-        Some(total) if total >= MIN_CHUNK => return allocate_large(size, total, align, zeroed),
+        Some(total) if total >= LARGE => return allocate_large(size, total, align, zeroed),
         Some(_) => {}
         None => return ptr::null_mut(),
     }

@@ -69,6 +69,7 @@ mod statistics;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use large::LARGE;
 pub use large::{i_calloc, i_free, i_malloc, i_realloc};
 pub use machine::MEMORY;
 pub(crate) use machine::{kernel_map, kernel_unmap};
@@ -77,3 +78,24 @@ pub use statistics::{
     MKL_Disable_Fast_MM, MKL_Free_Buffers, MKL_Mem_Stat, MKL_Peak_Mem_Usage, MKL_Set_Memory_Limit,
     MKL_Thread_Free_Buffers,
 };
+
+/// For the backing's tests under Miri: the start of the memory the model
+/// placed the live block `user` in, and whether MKL took it from
+/// `i_malloc` (a large block).
+#[cfg(test)]
+pub(crate) fn placement_of(user: *mut u8) -> (usize, bool) {
+    let b = blocks::live_block(user);
+    (b.base.addr(), b.large)
+}
+
+/// For the backing's tests under Miri: the alignment a block of `align`
+/// keeps across `MKL_realloc` in the model's current mode (the
+/// misaligned-realloc mode moves it to MKL's default, 64).
+#[cfg(test)]
+pub(crate) fn realloc_alignment(align: usize) -> usize {
+    if mode::mode() == mode::Mode::MisalignedRealloc {
+        malloc::DEFAULT_ALIGN
+    } else {
+        align
+    }
+}

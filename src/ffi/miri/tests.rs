@@ -7,17 +7,15 @@ use core::ptr;
 
 use super::blocks::{Block, table};
 use super::large::HEADER;
+use super::large::LARGE as MIN_CHUNK;
 use super::machine::{MEMORY, c_calloc, c_free, c_malloc, c_realloc, system_free};
-use super::malloc::{
-    DEFAULT_ALIGN, MKL_calloc, MKL_free, MKL_malloc, MKL_realloc, allocate, reallocate,
-};
+use super::malloc::{MKL_calloc, MKL_free, MKL_malloc, MKL_realloc, allocate, reallocate};
 use super::mode::{Mode, mode};
 use super::placement::{fits, padded};
 use super::statistics::{
     MKL_Free_Buffers, MKL_Mem_Stat, MKL_Peak_Mem_Usage, MKL_Set_Memory_Limit,
     MKL_Thread_Free_Buffers,
 };
-use crate::backing::MIN_CHUNK;
 use crate::ffi::{
     MKL_MEM_MCDRAM, MKL_PEAK_MEM, MKL_PEAK_MEM_DISABLE, MKL_PEAK_MEM_ENABLE, MKL_PEAK_MEM_RESET,
 };
@@ -88,58 +86,6 @@ fn every_alignment_up_to_2_pow_30_gets_an_exact_block_or_one_from_i_malloc() {
                 MKL_free(q.cast());
             }
         }
-    }
-}
-
-#[test]
-fn large_blocks_are_placed_in_chunks_as_mkl_places_them() {
-    // The setup points MKL's pointers at the backing's hooks (unless
-    // MKL_ALLOC_BACKING=off, which the tests under Miri do not set).
-    crate::process::ensure_ready();
-    assert_eq!(crate::backing::state(), crate::backing::Backing::Active);
-    for (size, align) in [(1 << 20, 64), (3 << 20, 4096), (MIN_CHUNK - 88, 64)] {
-        crate::backing::clear_last();
-        // SAFETY: each pointer is the block's latest, used within its
-        // size; the last one is freed once.
-        unsafe {
-            let p = MKL_calloc(1, size, align as c_int).cast::<u8>();
-            let (chunk, _) = crate::backing::last_chunk().expect("served by a chunk");
-            assert_eq!(
-                p.addr(),
-                chunk + align,
-                "MKL's header and alignment in front"
-            );
-            assert_eq!(entry(p).base.addr(), chunk);
-            assert!(entry(p).large);
-            assert_eq!((*p, *p.add(size - 1)), (0, 0), "MKL_calloc zeroes");
-            p.write_bytes(5, size);
-            // Growth and shrink through i_realloc: the offset kept
-            // (but where misaligned-realloc moves the block to 64).
-            let after = if mode() == Mode::MisalignedRealloc {
-                DEFAULT_ALIGN
-            } else {
-                align
-            };
-            let q = MKL_realloc(p.cast(), 2 * size).cast::<u8>();
-            let chunk = crate::backing::last_chunk().expect("a chunk").0;
-            assert_eq!(q.addr(), chunk + after);
-            assert!((0..size).step_by(4093).all(|i| *q.add(i) == 5));
-            assert_eq!(*q.add(size - 1), 5);
-            let r = MKL_realloc(q.cast(), 100).cast::<u8>();
-            assert_eq!(r.addr() % after, 0);
-            assert!(entry(r).large, "a large block stays in its chunk");
-            assert!((0..100).all(|i| *r.add(i) == 5));
-            MKL_free(r.cast());
-        }
-    }
-    // Below the floor with MKL's overhead: an exact block.
-    crate::backing::clear_last();
-    // SAFETY: freed once.
-    unsafe {
-        let p = MKL_malloc(MIN_CHUNK - 89, 64).cast::<u8>();
-        assert!(crate::backing::last_chunk().is_none());
-        assert!(!entry(p).large);
-        MKL_free(p.cast());
     }
 }
 
