@@ -39,6 +39,10 @@ pub(crate) const END: usize = super::super::MIN_CHUNK;
 /// How many classes there are.
 pub const CLASSES: usize = 45;
 
+// Every class is larger than a page: no two blocks start in one page,
+// whose metadata entry names the block (`heap`).
+const _: () = assert!(SIZES[0] as usize > PAGE);
+
 /// Bytes each class holds beyond its steps: MKL's 88 bytes of header and
 /// alignment, rounded up to keep blocks 64-byte aligned.
 pub(crate) const HEADROOM: usize = 128;

@@ -14,11 +14,12 @@
 //! 16 bytes per block); the other spans hold blocks. A span (4 MiB)
 //! belongs to one class from its first block on (the span table, one byte
 //! per span, says which), and is carved bump-style into that class's
-//! blocks, back to back: a class is whole pages plus 128 bytes, so a
-//! block starts 64-byte aligned and shares its first and last pages with
-//! its neighbours. A block is named by its offset in the region in 64-byte
-//! units; its metadata entry is that of the page it starts in (no two
-//! blocks start in one page).
+//! blocks, back to back: a class is a multiple of 512 bytes plus 128,
+//! above 4 KiB, so a block starts 64-byte aligned and shares its first and
+//! last pages with its neighbours. A block is named by its offset in the
+//! region in 64-byte units; its metadata entry is that of the page it
+//! starts in (no two blocks start in one page: every class is larger than
+//! a page).
 //!
 //! **The rare lock.** Growth (a system call) and each decay batch (its
 //! blocks off every list while their pages are purged) run under one more
