@@ -121,7 +121,7 @@ for s in "${skips[@]}"; do skip_args+=(--skip "$s"); done
 mode_tests=(shared_vec shared_vec_edges alloc_collections c_heap miri_modes)
 mode_args=(--lib)
 for t in "${mode_tests[@]}"; do mode_args+=(--test "$t"); done
-misaligned_filters=(ffi::miri alignment realloc grow_and_shrink)
+misaligned_filters=(ffi::miri backing::miri_tests alignment realloc grow_and_shrink)
 
 # -Zmiri-isolation-error=hide: a test that reads /proc (the machine's memory)
 # gets an error, as where /proc does not exist, and takes its fallback.
