@@ -243,12 +243,16 @@ fn region_growth_child() {
 /// requests to the C runtime, which serves them; each is counted in
 /// `MemStats` (planted: without the count this fails, `medium_fallbacks`
 /// 0 with blocks on glibc's heap).
+// Linux only: medium blocks and `setrlimit` (the test reads libc, a
+// dependency on Unix only).
+#[cfg(target_os = "linux")]
 #[test]
 #[cfg_attr(miri, ignore = "starts child processes")]
 fn a_region_that_cannot_grow_is_counted_not_silent() {
     run_alone("fallback_child", &[]);
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 #[ignore = "run by a_region_that_cannot_grow_is_counted_not_silent in a child process"]
 fn fallback_child() {
