@@ -229,6 +229,12 @@ fn a_smaller_request_takes_a_larger_cached_chunk_not_new_memory() {
     block_cache::disable();
 }
 
+/// Whether this process runs under valgrind (its preload is mapped).
+#[cfg(all(target_os = "linux", not(miri)))]
+fn under_valgrind() -> bool {
+    std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("vgpreload"))
+}
+
 /// The other half of point 10: a request larger than every cached chunk
 /// grows the largest (its pages carried over by `mremap`), and the cache
 /// gives back as much as the growth maps, so that resident memory stays
@@ -253,7 +259,13 @@ fn a_larger_request_grows_a_cached_chunk_and_evicts_the_rest() {
     );
     let q = written(80 * MIB, 3);
     let rise = rss().saturating_sub(live_peak);
-    assert!(rise < 2 * MIB, "80 MiB mapped beside the cache: +{rise} B");
+    // Under valgrind, whose own mremap keeps the grown range's old pages
+    // counted (measured: +16 MiB, the growth), the figure is not the
+    // kernel's: checked natively only; the cache's count below holds
+    // either way.
+    if !under_valgrind() {
+        assert!(rise < 2 * MIB, "80 MiB mapped beside the cache: +{rise} B");
+    }
     // The 32 MiB chunk, the smallest that can, gave the 16 MiB.
     let left = chunk(32 * MIB, 64) - 16 * MIB;
     assert_eq!(block_cache::cached_bytes(), left, "the cache made room");
