@@ -12,7 +12,7 @@
 //! | interfaces | `allocator.rs`, `split.rs`, `shared_vec/`, `c_heap.rs`, `c_heap/` |
 //! | process | `process.rs`, `background.rs`, `fork_guard.rs`, `fork_guard/` |
 //! | beneath MKL | `backing/mod.rs`, `hooks.rs`, `chunks.rs`, `block_cache*`, `medium*`, `slack.rs` |
-//! | policies | `backing/`: `budget.rs`, `huge_pages.rs`, `zeroing.rs`, `map_limit.rs`, `signals.rs` |
+//! | policies | `backing/`: `budget.rs`, `heap_trim.rs`, `huge_pages.rs`, `zeroing.rs`, `map_limit.rs`, `signals.rs` |
 //! | ground | `env.rs`, `sys/`, `sync.rs`, `ffi.rs`, `ffi/`, `backing/`: `map.rs`, `map_windows.rs`, `valgrind.rs` |
 //!
 //! A path is read from the source text (comments dropped, `use` groups
@@ -68,6 +68,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "policies",
         &[
             "backing/budget.rs",
+            "backing/heap_trim.rs",
             "backing/huge_pages.rs",
             "backing/zeroing.rs",
             "backing/map_limit.rs",

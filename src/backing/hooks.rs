@@ -12,7 +12,8 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
 use super::{
-    LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, huge_pages, map, medium, slack, zeroing,
+    LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, heap_trim, huge_pages, map, medium, slack,
+    zeroing,
 };
 use crate::ffi;
 
@@ -514,7 +515,7 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
             } else {
                 (p, got) = (q, size);
                 // Its growth is new memory: the cache makes room for it.
-                block_cache::evict_for(size - carried);
+                make_room(size - carried);
             }
         }
     }
@@ -524,7 +525,7 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
             return p;
         }
         fresh = true;
-        block_cache::evict_for(got.saturating_sub(evicted));
+        make_room(got.saturating_sub(evicted));
     }
     if huge_pages::applies(got) {
         if fresh {
@@ -597,6 +598,15 @@ unsafe fn keep_slack(p: *mut u8, got: usize, size: usize, from_cache: bool) -> u
     }
     slack::change(0, extra);
     got
+}
+
+/// `bytes` of new memory mapped for a chunk: the block cache gives back
+/// as much (caching never raises the peak), and the C runtime's heap its
+/// free pages (`heap_trim`, at most 1 % of the time), so that neither
+/// store's free memory sits resident beside the new.
+fn make_room(bytes: usize) {
+    block_cache::evict_for(bytes);
+    heap_trim::before_fresh_memory();
 }
 
 /// A fresh mapping for a chunk of `size` bytes and its true size: on
@@ -734,7 +744,7 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
         chunks::resize(p as usize, chunks::Chunk::new(new, new));
         slack::change(slack::of(c), 0);
         // New memory: the cache makes room for it (see `block_cache`).
-        block_cache::evict_for(new - old);
+        make_room(new - old);
         if advise {
             // SAFETY: the whole grown chunk is ours.
             unsafe { huge_pages::advise_chunk(p, new) };
@@ -772,7 +782,7 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
         }
         // The old pages move (or are copied and unmapped): what is new is
         // the rest, for which the cache makes room.
-        block_cache::evict_for(size.saturating_sub(old));
+        make_room(size.saturating_sub(old));
     }
     if !cached {
         slack::change(0, size - new);

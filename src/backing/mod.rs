@@ -80,6 +80,7 @@
 pub mod block_cache;
 mod budget;
 pub(crate) mod chunks;
+mod heap_trim;
 #[cfg(all(any(target_os = "linux", windows), not(loom)))]
 mod hooks;
 pub mod huge_pages;

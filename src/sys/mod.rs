@@ -36,6 +36,10 @@ use windows as imp;
 pub(crate) use imp::{
     EnvBuf, advise_huge, discard_to_zero, env_var, now_ms, physical_memory, write_stderr,
 };
+// glibc's heap, trimmed before fresh memory is mapped (`backing::heap_trim`),
+// and the fine clock that bounds the time spent so.
+#[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+pub(crate) use imp::{now_ns, trim_c_runtime_heap};
 // The kernel's THP mode (Windows has none: large pages instead, below).
 #[cfg(unix)]
 pub(crate) use imp::thp_enabled;

@@ -36,6 +36,36 @@ pub(crate) fn now_ms() -> usize {
         .wrapping_add(ts.tv_nsec as usize / 1_000_000)
 }
 
+/// Nanoseconds of the monotonic clock (a vDSO read on Linux, no system
+/// call): for timing what the crate itself does, where [`now_ms`]'s tick
+/// is too coarse. Wraps around; callers compare differences.
+#[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Gives the C runtime's free heap memory back to the system: glibc's
+/// `malloc_trim(0)`, which shrinks the top of every arena and releases
+/// (`MADV_DONTNEED`) the whole pages inside its free chunks. It takes
+/// each arena's lock in turn and allocates nothing; where another
+/// `malloc` is preloaded (jemalloc, mimalloc) it trims glibc's own,
+/// unused, heap: a few microseconds.
+#[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+pub(crate) fn trim_c_runtime_heap() {
+    // SAFETY: malloc_trim takes a pad in bytes and has no preconditions;
+    // it is safe to call from any thread at any time, inside MKL's
+    // calls too (the hooks call glibc's malloc there already).
+    unsafe { libc::malloc_trim(0) };
+}
+
 /// Releases the pages of `[ptr, ptr + len)` with `madvise(MADV_DONTNEED)`:
 /// afterwards they read as zero and cost a page fault when touched.
 /// `false` if the kernel refused (the contents are then unchanged, and the
