@@ -473,9 +473,17 @@ mod small_side {
     ///
     /// # Safety
     /// As `GlobalAlloc::alloc`: `layout.size() > 0`.
+    ///
+    /// The decay is a call of its own ([`alloc_after_let_go`]), so that
+    /// this path holds nothing across a call: no registers saved on entry
+    /// (with the decay inline, `layout` was kept in two saved registers
+    /// across it: three pushes and two pops on every small allocation).
     #[inline(never)]
     pub(super) unsafe fn alloc<S: GlobalAlloc>(small: &S, layout: Layout) -> *mut u8 {
-        medium::at_allocation();
+        if medium::let_go_pending() {
+            // SAFETY: the caller's contract.
+            return unsafe { alloc_after_let_go(small, layout, false) };
+        }
         // SAFETY: the caller's contract.
         unsafe { small.alloc(layout) }
     }
@@ -486,9 +494,35 @@ mod small_side {
     /// As `GlobalAlloc::alloc_zeroed`: `layout.size() > 0`.
     #[inline(never)]
     pub(super) unsafe fn alloc_zeroed<S: GlobalAlloc>(small: &S, layout: Layout) -> *mut u8 {
-        medium::at_allocation();
+        if medium::let_go_pending() {
+            // SAFETY: the caller's contract.
+            return unsafe { alloc_after_let_go(small, layout, true) };
+        }
         // SAFETY: the caller's contract.
         unsafe { small.alloc_zeroed(layout) }
+    }
+
+    /// A small allocation while the program has let go of its medium
+    /// blocks: the decay point first (see `backing::medium`), then the
+    /// small side's allocation.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`: `layout.size() > 0`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_after_let_go<S: GlobalAlloc>(
+        small: &S,
+        layout: Layout,
+        zeroed: bool,
+    ) -> *mut u8 {
+        medium::at_allocation();
+        if zeroed {
+            // SAFETY: the caller's contract.
+            unsafe { small.alloc_zeroed(layout) }
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { small.alloc(layout) }
+        }
     }
 
     /// Frees a small block: the small side's `dealloc`, and every

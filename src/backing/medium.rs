@@ -133,6 +133,12 @@ pub(crate) fn empty() {}
 #[inline(always)]
 pub(crate) fn at_allocation() {}
 
+#[cfg(loom)]
+#[inline(always)]
+pub(crate) fn let_go_pending() -> bool {
+    false
+}
+
 #[cfg(doc)]
 use super::{MIN_CHUNK, block_cache};
 
@@ -438,6 +444,13 @@ mod instance {
         if LET_GO_PENDING.load(Relaxed) {
             let_go();
         }
+    }
+
+    /// Whether [`at_allocation`] would decay: for a caller that keeps
+    /// the decay out of its own fast path (the split's small side).
+    #[inline(always)]
+    pub(crate) fn let_go_pending() -> bool {
+        LET_GO_PENDING.load(Relaxed)
     }
 
     /// An allocation after a run of frees past [`LET_GO`]: the block
