@@ -396,7 +396,7 @@ impl Drop for Control {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::set_running;
-    use crate::block_cache::{TICKS, tick_due};
+    use crate::backing::decay::{TICKS, tick_due};
 
     /// While the thread serves the process, a small free's decay check is
     /// never due (no countdown); without it, the `TICKS`th is.
@@ -407,7 +407,7 @@ mod tests {
         set_running(false);
         assert_eq!(due, 0, "the countdown ran while the thread served");
         let due = (0..3 * TICKS).filter(|_| tick_due()).count();
-        // The countdown restarts only at the decay (`idle_decay`), not
+        // The countdown restarts only at the decay (`decay::idle`), not
         // called here: exactly one check falls due.
         assert_eq!(due, 1, "checks due in {} frees", 3 * TICKS);
     }

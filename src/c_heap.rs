@@ -418,7 +418,7 @@ pub unsafe fn free(ptr: *mut u8) {
         if bin.put(ptr) {
             // A free that reaches no MKL call still counts towards the
             // block cache's decay (see `block_cache::TICKS`).
-            crate::block_cache::tick();
+            crate::backing::decay::tick();
             return;
         }
     }

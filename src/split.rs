@@ -534,7 +534,7 @@ mod small_side {
     /// once.
     #[inline(never)]
     pub(super) unsafe fn free<S: GlobalAlloc>(small: &S, ptr: *mut u8, layout: Layout) {
-        if crate::block_cache::tick_due() {
+        if crate::backing::decay::tick_due() {
             // The small side's frees count towards the block cache's decay
             // too (a thread-local countdown; see `block_cache::TICKS`); the
             // decay returns before the small side is called, holding
@@ -560,7 +560,7 @@ mod small_side {
         // here (outside every lock; spawning allocates, re-entering this
         // allocator, which is fine: nothing is held).
         crate::background::resume();
-        crate::block_cache::idle_decay();
+        crate::backing::decay::idle();
         // SAFETY: the caller's contract.
         unsafe { small.dealloc(ptr, layout) }
     }

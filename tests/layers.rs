@@ -11,7 +11,7 @@
 //! | control | `manager.rs`, `settings.rs` |
 //! | interfaces | `allocator.rs`, `split.rs`, `shared_vec/`, `c_heap.rs`, `c_heap/` |
 //! | process | `process.rs`, `background.rs`, `fork_guard.rs`, `fork_guard/` |
-//! | beneath MKL | `backing/mod.rs`, `hooks.rs`, `chunks.rs`, `block_cache*`, `medium*`, `slack.rs` |
+//! | beneath MKL | `backing/mod.rs`, `hooks.rs`, `decay.rs`, `chunks.rs`, `block_cache*`, `medium*`, `slack.rs` |
 //! | policies | `backing/`: `budget.rs`, `heap_trim.rs`, `huge_pages.rs`, `zeroing.rs`, `map_limit.rs`, `signals.rs` |
 //! | ground | `env.rs`, `sys/`, `sync.rs`, `ffi.rs`, `ffi/`, `backing/`: `map.rs`, `map_windows.rs`, `valgrind.rs` |
 //!
@@ -55,6 +55,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "backing/mod.rs",
             "backing/hooks.rs",
+            "backing/decay.rs",
             "backing/chunks.rs",
             "backing/block_cache.rs",
             "backing/block_cache/",

@@ -231,8 +231,13 @@ pub const UNMARKED_MAX: usize = 12 << 20;
 /// A thread checks whether cached chunks are due to decay once per this
 /// many of its small frees (MKL's, the split allocator's system side,
 /// c_heap's bins) (a countdown in a thread-local word; the clock
-/// is read only then, and only while the cache holds blocks).
-pub const TICKS: u32 = 1024;
+/// is read only then, and only while the cache holds blocks). The decay
+/// points are chosen in one place, `backing/decay.rs`.
+///
+/// ```
+/// assert_eq!(mkl_alloc::block_cache::TICKS, 1024);
+/// ```
+pub use super::decay::TICKS;
 
 pub(crate) mod shards;
 
@@ -334,7 +339,7 @@ mod instance {
     /// ```
     pub fn set_decay_ms(ms: usize) {
         CACHE.set_decay_ms(ms);
-        medium::decay_changed();
+        crate::backing::decay::changed();
     }
 
     /// The decay time in force, in milliseconds.
@@ -523,12 +528,9 @@ mod instance {
     }
 
     /// A cached chunk for a request of `size` bytes, its true size and
-    /// whether it is two mappings; null if there is none. Decays first.
+    /// whether it is two mappings; null if there is none. (The caller, the hooks, makes the call a decay point first: `backing::decay::at_large_call`.)
     #[inline(never)]
     pub(crate) fn take(size: usize) -> (*mut u8, usize, bool) {
-        let now = now_ms();
-        CACHE.decay(now, free_to_mkl);
-        medium::maybe_decay(now);
         let (p, got) = CACHE.take(size, 1);
         let (p, split) = untag(p, got);
         (p, got, split)
@@ -539,9 +541,6 @@ mod instance {
     /// next growths in place, on pages already resident), or null.
     #[inline(never)]
     pub(crate) fn take_for_growth(size: usize) -> (*mut u8, usize, bool) {
-        let now = now_ms();
-        CACHE.decay(now, free_to_mkl);
-        medium::maybe_decay(now);
         let (p, got) = CACHE.take_within(size, size.saturating_mul(super::GROWTH_SLACK), 1);
         let (p, split) = untag(p, got);
         (p, got, split)
@@ -768,66 +767,19 @@ mod instance {
         CACHE.unreserve(n);
     }
 
-    /// Counts one small free of this thread; every [`TICKS`](super::TICKS)th
-    /// checks the cache's decay (a thread-local countdown: no shared write,
-    /// no clock read on the way).
-    #[inline(always)]
-    pub(crate) fn tick() {
-        if tick_due() {
-            idle_decay();
-        }
+    /// Whether the cache holds any chunk (a snapshot: one relaxed load).
+    #[inline]
+    pub(crate) fn holds_any() -> bool {
+        CACHE.cached() != 0
     }
 
-    std::thread_local! {
-        /// This thread's small frees until its next decay check.
-        static COUNTDOWN: core::cell::Cell<u32> = const { core::cell::Cell::new(super::TICKS) };
-    }
-
-    /// [`tick`]'s countdown alone: counts one small free of this thread
-    /// and says whether it is the [`TICKS`](super::TICKS)th, when the
-    /// caller must call [`idle_decay`] (which restarts the countdown): for
-    /// a caller that reaches the decay through a cold path of its own, so
-    /// that its hot path stays a tail call. The hot path is a decrement
-    /// and a test.
-    ///
-    /// While the background decay thread serves the process
-    /// ([`crate::background`]), never due, and no countdown at all: one
-    /// relaxed load.
-    #[inline(always)]
-    pub(crate) fn tick_due() -> bool {
-        if crate::backing::signals::driven() {
-            return false;
-        }
-        COUNTDOWN.with(|c| {
-            let n = c.get();
-            c.set(n.wrapping_sub(1));
-            n == 0
-        })
-    }
-
-    /// Restarts this thread's countdown, then decays the cache if it
-    /// holds anything (the small path's check, once [`tick_due`] says so).
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn idle_decay() {
-        COUNTDOWN.with(|c| c.set(super::TICKS));
-        let cached = CACHE.cached() != 0;
-        if cached || medium::any_dirty() {
-            let now = now_ms();
-            if cached {
-                CACHE.decay(now, free_to_mkl);
-            }
-            medium::maybe_decay(now);
-        }
-    }
-
-    /// The background thread's sweep (`backing::decay_idle`): decays the
-    /// cache if it holds anything and a sweep is due; no countdown, nothing
-    /// allocated, a shard lock held only while its slots are copied.
-    pub(crate) fn decay_now() {
-        if CACHE.cached() != 0 {
-            CACHE.decay(now_ms(), free_to_mkl);
-        }
+    /// Unmaps the chunks unused for the decay time at `now` (ms of
+    /// `sys::now_ms`): the cache's part of a decay point (see
+    /// `backing::decay`, which chooses them). A shard lock is held only
+    /// while its slots are copied; nothing allocated.
+    #[inline]
+    pub(crate) fn decay(now: usize) {
+        CACHE.decay(now, free_to_mkl);
     }
 
     /// `pthread_atfork`'s prepare handler: holds every shard's lock.
@@ -859,8 +811,6 @@ mod instance {
     #[inline(never)]
     pub(crate) unsafe fn give(ptr: *mut u8, size: usize, split: bool) -> bool {
         let now = now_ms();
-        CACHE.decay(now, free_to_mkl);
-        medium::maybe_decay(now);
         // The budget bounds the cache and the live chunks' slack together
         // (see `backing::slack`): one word holds both. Checked here before
         // the `MADV_FREE` below; `CACHE.give` reserves by compare-and-swap.
@@ -945,14 +895,6 @@ mod instance {
     pub(crate) fn cached_bytes() -> usize {
         0
     }
-    #[inline(always)]
-    pub(crate) fn tick() {}
-    #[inline(always)]
-    pub(crate) fn tick_due() -> bool {
-        false
-    }
-    pub(crate) fn idle_decay() {}
-    pub(crate) fn decay_now() {}
 }
 #[cfg(loom)]
 pub(crate) use instance::*;

@@ -12,8 +12,8 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
 use super::{
-    LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, heap_trim, huge_pages, map, medium, slack,
-    zeroing,
+    LAST, MIN_CHUNK, SERVED, STATE, block_cache, chunks, decay, heap_trim, huge_pages, map, medium,
+    slack, zeroing,
 };
 use crate::ffi;
 
@@ -306,7 +306,7 @@ unsafe extern "C" fn hook_free(p: *mut c_void) {
         // SAFETY: a medium block (the region holds nothing else that MKL
         // could free), freed once.
         unsafe { medium::free(p.cast()) };
-        block_cache::tick();
+        decay::tick();
         return;
     }
     let addr = p as usize;
@@ -318,7 +318,7 @@ unsafe extern "C" fn hook_free(p: *mut c_void) {
             return;
         }
     }
-    block_cache::tick();
+    decay::tick();
     // SAFETY: not a chunk: a block of the previous functions, freed once.
     unsafe { prev_free(p) }
 }
@@ -497,6 +497,7 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
     // Bytes the cache already gave up for this request.
     let mut evicted = 0;
     if block_cache::covers(size) {
+        decay::at_large_call();
         (p, got, split) = if growing {
             block_cache::take_for_growth(size)
         } else {
@@ -642,8 +643,12 @@ fn map_evicting(size: usize) -> *mut u8 {
 /// # Safety
 /// `[p, p + c.size)` is a chunk nothing uses any more.
 unsafe fn release(p: *mut u8, c: chunks::Chunk) {
-    // SAFETY: the caller's contract: ours to keep or unmap.
-    if !(block_cache::covers(c.size) && unsafe { block_cache::give(p, c.size, c.split) }) {
+    let cached = block_cache::covers(c.size) && {
+        decay::at_large_call();
+        // SAFETY: the caller's contract: ours to keep or unmap.
+        unsafe { block_cache::give(p, c.size, c.split) }
+    };
+    if !cached {
         // SAFETY: as above.
         unsafe { map::unmap(p, c.size) };
     }
@@ -755,6 +760,7 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
     // `old` become the growth, or onto a fresh mapping. The target is
     // registered first, so that a full table costs nothing but a refusal.
     let (mut target, mut size, target_split) = if block_cache::covers(new) {
+        decay::at_large_call();
         match block_cache::take_for_growth(new) {
             // None within `GROWTH_SLACK` times: a larger one cut down
             // (see `new_chunk`).

@@ -149,7 +149,7 @@ mod instance {
     use super::heap::{Env, Heap};
     use super::slots::{self, SLOT_CLASSES};
     use super::{LET_GO, class};
-    use crate::backing::block_cache;
+    use crate::backing::{block_cache, decay};
 
     /// The process's medium heap (its region set at the first request).
     pub(super) static HEAP: Heap = Heap::new();
@@ -168,9 +168,6 @@ mod instance {
 
     /// Whether the region grows (placed where segments may follow it).
     static GROWS: AtomicBool = AtomicBool::new(false);
-
-    /// When (ms) the next rate-limited sweep ([`maybe_decay`]) is due.
-    static NEXT_SWEEP: AtomicUsize = AtomicUsize::new(0);
 
     /// The classes the fork handler locked (bit `k`: class `k`).
     static FORK_TAKEN: AtomicU64 = AtomicU64::new(0);
@@ -297,7 +294,7 @@ mod instance {
             // keeps the block and copies nothing; one across copies it whole).
             crate::backing::valgrind::malloc_like(p.addr(), class::size(k), zero);
         }
-        maybe_decay(crate::sys::now_ms());
+        decay::medium_point(crate::sys::now_ms());
         got
     }
 
@@ -465,18 +462,28 @@ mod instance {
             return;
         }
         // Until a sweep is due: a clock read and a load.
-        if crate::sys::now_ms() < NEXT_SWEEP.load(Relaxed) {
+        if !decay::medium_due(crate::sys::now_ms()) {
             return;
         }
-        block_cache::idle_decay();
+        decay::idle();
         settle();
     }
 
     /// Gives back every dirty block freed at least
     /// [`block_cache::decay_ms`] before `now_ms` (milliseconds of
-    /// `sys::now_ms`, the block cache's clock); returns how many. Callable
-    /// from any thread at any time, inside or outside MKL's calls.
+    /// `sys::now_ms`, the block cache's clock), then clears the let-go
+    /// flag if the dirty blocks are down to [`LET_GO`]; returns how many.
+    /// Callable from any thread at any time, inside or outside MKL's
+    /// calls; `backing::decay` chooses when (at most once per quarter of
+    /// the decay time).
     pub(crate) fn decay(now_ms: usize) -> usize {
+        let n = decay_dirty(now_ms);
+        settle();
+        n
+    }
+
+    /// [`decay`]'s giving back.
+    fn decay_dirty(now_ms: usize) -> usize {
         let d = block_cache::decay_ms();
         if d > (u32::MAX / 2) as usize {
             return 0; // a decay beyond ~24 days: never
@@ -489,29 +496,6 @@ mod instance {
             return 0;
         }
         HEAP.decay(now_ms, Some(d as u32), &Global)
-    }
-
-    /// [`decay`], at most once per quarter of the decay time across the
-    /// process (the block cache's decay points).
-    #[inline]
-    pub(crate) fn maybe_decay(now_ms: usize) {
-        let due = NEXT_SWEEP.load(Relaxed);
-        if now_ms < due || !any_dirty() {
-            return;
-        }
-        let next = now_ms.saturating_add((block_cache::decay_ms() / 4).max(1));
-        if NEXT_SWEEP
-            .compare_exchange(due, next, Relaxed, Relaxed)
-            .is_ok()
-        {
-            decay(now_ms);
-            settle();
-        }
-    }
-
-    /// The decay time changed: the next sweep is due at once.
-    pub(crate) fn decay_changed() {
-        NEXT_SWEEP.store(0, Relaxed);
     }
 
     /// Gives back dirty blocks, the oldest of each class first, until at

@@ -80,6 +80,7 @@
 pub mod block_cache;
 mod budget;
 pub(crate) mod chunks;
+pub(crate) mod decay;
 mod heap_trim;
 #[cfg(all(any(target_os = "linux", windows), not(loom)))]
 mod hooks;
@@ -280,11 +281,7 @@ pub(crate) fn trim_slack(limit: usize) {
 /// copying slots or links, makes its system calls after releasing it, and
 /// allocates nothing: it runs outside MKL, holding nothing.
 pub(crate) fn decay_idle() {
-    block_cache::decay_now();
-    // Medium blocks' decay (issue 42, part 1), at most once per quarter of
-    // the decay time across the process, as at the cache's decay points.
-    #[cfg(not(loom))]
-    medium::maybe_decay(crate::sys::now_ms());
+    decay::sweep();
 }
 
 /// Bytes of growth slack in live chunks (see `slack`); 0 where there are

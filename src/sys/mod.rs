@@ -38,7 +38,7 @@ pub(crate) use imp::{
 };
 // glibc's heap, trimmed before fresh memory is mapped (`backing::heap_trim`),
 // and the fine clock that bounds the time spent so.
-#[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+#[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
 pub(crate) use imp::{now_ns, trim_c_runtime_heap};
 // The kernel's THP mode (Windows has none: large pages instead, below).
 #[cfg(unix)]

@@ -39,7 +39,7 @@ pub(crate) fn now_ms() -> usize {
 /// Nanoseconds of the monotonic clock (a vDSO read on Linux, no system
 /// call): for timing what the crate itself does, where [`now_ms`]'s tick
 /// is too coarse. Wraps around; callers compare differences.
-#[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+#[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
 pub(crate) fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -58,7 +58,7 @@ pub(crate) fn now_ns() -> u64 {
 /// each arena's lock in turn and allocates nothing; where another
 /// `malloc` is preloaded (jemalloc, mimalloc) it trims glibc's own,
 /// unused, heap: a few microseconds.
-#[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+#[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
 pub(crate) fn trim_c_runtime_heap() {
     // SAFETY: malloc_trim takes a pad in bytes and has no preconditions;
     // it is safe to call from any thread at any time, inside MKL's
