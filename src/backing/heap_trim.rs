@@ -21,7 +21,9 @@
 //! chunks then ("caching never raises the peak"). A trim walks glibc's free
 //! lists: about 2 us on a Python process's heap, 0.2 ms the first time on
 //! a fragmented one. It is bounded to 1 % of the time: after a trim that
-//! took `t`, the next waits at least `99 t` and 1 ms. Fresh chunks are
+//! took `t`, the next waits at least `99 t` and 1 ms, and twice as long
+//! after each trim in a row that released nothing (up to about a second):
+//! a program whose C heap holds nothing free pays for few. Fresh chunks are
 //! 1 MiB and more, each costing hundreds of page faults when written, so
 //! the check (a clock read and a load) is noise on that path, and small
 //! blocks never reach it.
@@ -33,7 +35,7 @@
 
 #[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
 mod imp {
-    use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
     use crate::sys;
 
@@ -44,8 +46,15 @@ mod imp {
     /// then takes at most 1 % of the time).
     const GAP_FACTOR: u64 = 99;
 
+    /// The most doublings of the wait after trims that released nothing
+    /// (1 ms << 10: about a second).
+    const MAX_BACKOFF: u32 = 10;
+
     /// The earliest time (`sys::now_ns`) the next trim may run.
     static NEXT: AtomicU64 = AtomicU64::new(0);
+
+    /// Trims in a row that released nothing (at most [`MAX_BACKOFF`]).
+    static MISSES: AtomicU32 = AtomicU32::new(0);
 
     /// Trims the C runtime's heap unless one ran too recently (see the
     /// module docs). Outside the crate's own locks; allocates nothing.
@@ -64,13 +73,17 @@ mod imp {
         {
             return;
         }
-        sys::trim_c_runtime_heap();
+        let released = sys::trim_c_runtime_heap();
         let end = sys::now_ns();
+        let misses = if released {
+            0
+        } else {
+            (MISSES.load(Relaxed) + 1).min(MAX_BACKOFF)
+        };
+        MISSES.store(misses, Relaxed);
         let took = end.saturating_sub(now);
-        NEXT.store(
-            end.saturating_add(took.saturating_mul(GAP_FACTOR).max(MIN_GAP_NS)),
-            Relaxed,
-        );
+        let gap = took.saturating_mul(GAP_FACTOR).max(MIN_GAP_NS << misses);
+        NEXT.store(end.saturating_add(gap), Relaxed);
     }
 }
 

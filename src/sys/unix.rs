@@ -57,13 +57,13 @@ pub(crate) fn now_ns() -> u64 {
 /// (`MADV_DONTNEED`) the whole pages inside its free chunks. It takes
 /// each arena's lock in turn and allocates nothing; where another
 /// `malloc` is preloaded (jemalloc, mimalloc) it trims glibc's own,
-/// unused, heap: a few microseconds.
+/// unused, heap: a few microseconds. Whether any memory was released.
 #[cfg(all(target_os = "linux", target_env = "gnu", not(miri), not(loom)))]
-pub(crate) fn trim_c_runtime_heap() {
+pub(crate) fn trim_c_runtime_heap() -> bool {
     // SAFETY: malloc_trim takes a pad in bytes and has no preconditions;
     // it is safe to call from any thread at any time, inside MKL's
     // calls too (the hooks call glibc's malloc there already).
-    unsafe { libc::malloc_trim(0) };
+    unsafe { libc::malloc_trim(0) != 0 }
 }
 
 /// Releases the pages of `[ptr, ptr + len)` with `madvise(MADV_DONTNEED)`:
