@@ -331,7 +331,9 @@ fn interval() -> Duration {
 /// nothing while it sleeps.
 fn run() {
     while !STOP.load(Acquire) {
-        crate::backing::decay_idle();
+        // Both stores' decay (`backing::decay`): outside MKL, holding
+        // nothing, allocating nothing.
+        crate::backing::decay::point();
         std::thread::park_timeout(interval());
     }
 }

@@ -528,7 +528,7 @@ mod instance {
     }
 
     /// A cached chunk for a request of `size` bytes, its true size and
-    /// whether it is two mappings; null if there is none. (The caller, the hooks, makes the call a decay point first: `backing::decay::at_large_call`.)
+    /// whether it is two mappings; null if there is none. (The caller, the hooks, makes the call a decay point first: `backing::decay::point`.)
     #[inline(never)]
     pub(crate) fn take(size: usize) -> (*mut u8, usize, bool) {
         let (p, got) = CACHE.take(size, 1);

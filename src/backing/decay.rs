@@ -16,12 +16,12 @@
 //!   [`tick_due`] then [`idle`] for a caller with a cold path of its own):
 //!   a thread-local countdown, no shared write, no clock read on the way.
 //! - **Large calls** (a chunk taken from or given to the block cache, or
-//!   a cached chunk taken for a growth): [`at_large_call`], beside a
-//!   system call or a chunk's worth of page faults.
+//!   a cached chunk taken for a growth): [`point`], beside a system call
+//!   or a chunk's worth of page faults.
 //! - **Medium allocations**, and every allocation while the program has
 //!   let go of its medium blocks (the let-go rule, `medium::let_go`):
 //!   [`medium_point`].
-//! - **The background thread**, where it runs ([`sweep`], every quarter
+//! - **The background thread**, where it runs ([`point`], every quarter
 //!   of the decay time); the countdown then stops (`signals::driven`).
 //!
 //! The block cache decays at every point that reaches it (its shards'
@@ -83,12 +83,22 @@ mod imp {
         })
     }
 
-    /// Restarts this thread's countdown, then decays whichever store holds
-    /// anything (the small path's decay point, and the let-go rule's).
+    /// Restarts this thread's countdown, then a decay [`point`] (the small
+    /// path's decay point, and the let-go rule's).
     #[cold]
     #[inline(never)]
     pub(crate) fn idle() {
         COUNTDOWN.with(|c| c.set(super::TICKS));
+        point();
+    }
+
+    /// A decay point over both stores: a chunk about to be taken from or
+    /// given to the block cache (the hooks), the background thread's sweep,
+    /// and [`idle`]. The clock is read only while a store holds memory;
+    /// nothing allocated, a shard or class lock held only while slots or
+    /// links are copied.
+    #[inline]
+    pub(crate) fn point() {
         let cached = block_cache::holds_any();
         if cached || medium::any_dirty() {
             let now = now_ms();
@@ -97,26 +107,6 @@ mod imp {
             }
             medium_point(now);
         }
-    }
-
-    /// A large call's decay point: a chunk about to be taken from or given
-    /// to the block cache. Both stores.
-    #[inline]
-    pub(crate) fn at_large_call() {
-        let now = now_ms();
-        block_cache::decay(now);
-        medium_point(now);
-    }
-
-    /// The background thread's sweep: both stores, nothing allocated, a
-    /// shard or class lock held only while slots or links are copied; it
-    /// runs outside MKL, holding nothing.
-    pub(crate) fn sweep() {
-        let now = now_ms();
-        if block_cache::holds_any() {
-            block_cache::decay(now);
-        }
-        medium_point(now);
     }
 
     /// The medium heap's decay, at most once per quarter of the decay time
@@ -160,8 +150,7 @@ mod imp {
         false
     }
     pub(crate) fn idle() {}
-    pub(crate) fn at_large_call() {}
-    pub(crate) fn sweep() {}
+    pub(crate) fn point() {}
     pub(crate) fn changed() {}
 }
 

@@ -497,7 +497,7 @@ fn new_chunk(n: usize, growing: bool) -> *mut u8 {
     // Bytes the cache already gave up for this request.
     let mut evicted = 0;
     if block_cache::covers(size) {
-        decay::at_large_call();
+        decay::point();
         (p, got, split) = if growing {
             block_cache::take_for_growth(size)
         } else {
@@ -644,7 +644,7 @@ fn map_evicting(size: usize) -> *mut u8 {
 /// `[p, p + c.size)` is a chunk nothing uses any more.
 unsafe fn release(p: *mut u8, c: chunks::Chunk) {
     let cached = block_cache::covers(c.size) && {
-        decay::at_large_call();
+        decay::point();
         // SAFETY: the caller's contract: ours to keep or unmap.
         unsafe { block_cache::give(p, c.size, c.split) }
     };
@@ -760,7 +760,7 @@ unsafe fn grow_chunk(p: *mut u8, c: chunks::Chunk, new: usize) -> *mut u8 {
     // `old` become the growth, or onto a fresh mapping. The target is
     // registered first, so that a full table costs nothing but a refusal.
     let (mut target, mut size, target_split) = if block_cache::covers(new) {
-        decay::at_large_call();
+        decay::point();
         match block_cache::take_for_growth(new) {
             // None within `GROWTH_SLACK` times: a larger one cut down
             // (see `new_chunk`).

@@ -438,7 +438,7 @@ mod instance {
     /// [`let_go`] if a program let go of its work.
     #[inline(always)]
     pub(crate) fn at_allocation() {
-        if LET_GO_PENDING.load(Relaxed) {
+        if let_go_pending() {
             let_go();
         }
     }

@@ -275,15 +275,6 @@ pub(crate) fn trim_slack(limit: usize) {
     let _ = limit;
 }
 
-/// The backing's decay, for the background thread ([`crate::background`]):
-/// unmaps the block cache's chunks and gives back the dirty medium blocks
-/// unused for the decay time. Takes a shard or class lock only while
-/// copying slots or links, makes its system calls after releasing it, and
-/// allocates nothing: it runs outside MKL, holding nothing.
-pub(crate) fn decay_idle() {
-    decay::sweep();
-}
-
 /// Bytes of growth slack in live chunks (see `slack`); 0 where there are
 /// no chunks.
 pub(crate) fn slack_bytes() -> usize {
